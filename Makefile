@@ -1,0 +1,113 @@
+# ipccache - a cache of CUDA IPC mappings, loaded with LD_PRELOAD.
+#
+#   make                 build build/libipccache.so
+#   make test            run the test suite (no GPU needed)
+#   make test-sanitize   the same under ASan + UBSan
+#   make test-gpu        prove it on a real GPU (says so when there is none)
+#   make bench           benchmarks on a real GPU
+#   make demo            show the main job (simulated without a GPU)
+#   make install         PREFIX=/usr/local DESTDIR=
+
+CUDA_HOME ?= /usr/local/cuda
+PREFIX    ?= /usr/local
+BUILD     ?= build
+CC        ?= cc
+SANITIZE  ?=
+
+CFLAGS_BASE = -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wmissing-prototypes \
+              -fPIC -fvisibility=hidden -I$(CUDA_HOME)/include -Ishim $(SANITIZE)
+CFLAGS     ?=
+ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
+
+SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
+           shim/log.c shim/mappings.c shim/resolve.c shim/stats.c
+SHIM_OBJ = $(SHIM_SRC:%.c=$(BUILD)/%.o) $(BUILD)/shim/dlsym_x86_64.o
+LIB      = $(BUILD)/libipccache.so
+
+TEST_LIBS  = -lcriterion -ldl -lpthread
+FAKE       = $(BUILD)/tests/libcuda.so.1
+UNIT_SRC   = tests/test_cache.c tests/test_config.c
+E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/test_*.c))
+TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
+             $(BUILD)/tests/probe
+
+.PHONY: all test test-sanitize test-gpu bench demo install uninstall clean check-exports
+
+all: $(LIB)
+
+$(BUILD)/shim/%.o: shim/%.c shim/internal.h
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/shim/dlsym_x86_64.o: shim/dlsym_x86_64.S
+	@mkdir -p $(@D)
+	$(CC) $(SANITIZE) -fPIC -c $< -o $@
+
+# Only libdl/libpthread: the library must load where no driver is installed.
+$(LIB): $(SHIM_OBJ) shim/ipccache.map
+	$(CC) -shared -o $@ $(SHIM_OBJ) $(SANITIZE) \
+	    -Wl,--version-script=shim/ipccache.map -Wl,-Bsymbolic-functions -Wl,-z,now \
+	    -ldl -lpthread
+
+# ---- tests ------------------------------------------------------------------
+
+$(FAKE): tests/fake_cuda.c tests/fake_cuda.h
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -I$(CUDA_HOME)/include $(SANITIZE) \
+	    -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+	ln -sf libcuda.so.1 $(@D)/libcuda.so
+
+# The table and the settings parser, tested alone: no CUDA, no preload.
+$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/internal.h
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
+	    shim/log.c $(TEST_LIBS)
+
+# Linked ahead of the stand-in driver, exactly as a preload is searched.
+$(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h $(LIB) $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $(E2E_SRC) -L$(BUILD) -L$(BUILD)/tests \
+	    -Wl,--no-as-needed -lipccache -lcuda -Wl,--as-needed \
+	    -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
+
+# Runs probe under LD_PRELOAD in fresh processes.
+$(BUILD)/tests/test_process: tests/test_process.c tests/testutil.h $(BUILD)/tests/probe
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/test_process.c $(TEST_LIBS)
+
+# Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
+$(BUILD)/tests/probe: tests/probe.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
+
+test: $(LIB) $(FAKE) $(TEST_BINS)
+	@bash tests/run.sh $(BUILD)
+
+test-sanitize:
+	$(MAKE) BUILD=build/sanitize SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+
+check-exports: $(LIB)
+	@bash tests/check_exports.sh $(LIB) shim/ipccache.map
+
+# ---- real GPU ----------------------------------------------------------------
+
+test-gpu: $(LIB)
+	@IPCCACHE_LIB=$(abspath $(LIB)) bash tests/gpu/run.sh
+
+bench: $(LIB)
+	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
+
+demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
+	@IPCCACHE_LIB=$(abspath $(LIB)) BUILD=$(BUILD) bash tools/demo.sh
+
+# ---- install ------------------------------------------------------------------
+
+install: $(LIB)
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man7
+	install -m 0755 $(LIB) $(DESTDIR)$(PREFIX)/lib/libipccache.so
+	install -m 0755 tools/ipccache-run tools/ipccache-stats $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 tools/ipccache.7 $(DESTDIR)$(PREFIX)/share/man/man7/ipccache.7
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/lib/libipccache.so $(DESTDIR)$(PREFIX)/bin/ipccache-run \
+	    $(DESTDIR)$(PREFIX)/bin/ipccache-stats $(DESTDIR)$(PREFIX)/share/man/man7/ipccache.7
+
+clean:
+	rm -rf build

@@ -1,0 +1,320 @@
+/*
+ * cache.c - the table of cached IPC mappings.
+ *
+ * Pure data structure: no CUDA, no I/O, no locking (the caller holds the one
+ * lock). Two indexes over the same entries, both uthash:
+ *   by_key  (context id, handle, flags) -> entry   used by opens
+ *   by_ptr  (context id, device pointer) -> entry  used by closes
+ * Entries with no reference sit on an LRU list (oldest first) so that
+ * eviction closes the mapping idle the longest.
+ *
+ * Out of memory is never fatal: insert() fails and the caller simply does
+ * not cache that mapping.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* uthash must not abort the process on allocation failure: it leaves the
+ * element out and raises this flag instead (read under the caller's lock). */
+static int ipcc_cache_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(elt) (ipcc_cache_oom = 1)
+
+#include <uthash.h>
+#include <utlist.h>
+
+struct ptr_key {
+    uint64_t ctx_id;
+    uint64_t dptr;
+};
+
+struct ipcc_entry {
+    struct ipcc_key key;
+    struct ptr_key pkey;
+    void *ctx;
+    uint64_t bytes;
+    uint64_t refs;
+    int top_slot;                       /* -1: not mirrored */
+    struct ipcc_entry *prev, *next;     /* LRU, only while idle */
+    UT_hash_handle hh_key, hh_ptr;
+};
+
+struct ipcc_cache {
+    struct ipcc_entry *by_key;
+    struct ipcc_entry *by_ptr;
+    struct ipcc_entry *lru;             /* head = least recently used */
+    struct ipcc_cache_gauges gauges;
+    struct ipcc_top_slot top[IPCC_TOP_SLOTS];
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static void gauge_add(_Atomic uint64_t *g, uint64_t n)
+{
+    atomic_fetch_add_explicit(g, n, memory_order_relaxed);
+}
+
+static void gauge_sub(_Atomic uint64_t *g, uint64_t n)
+{
+    atomic_fetch_sub_explicit(g, n, memory_order_relaxed);
+}
+
+static void slot_store(_Atomic uint64_t *f, uint64_t v)
+{
+    atomic_store_explicit(f, v, memory_order_relaxed);
+}
+
+/* Mirror an entry into a free top slot, if any is left. */
+static void top_attach(struct ipcc_cache *c, struct ipcc_entry *e, uint64_t now_ns)
+{
+    e->top_slot = -1;
+    for (int i = 0; i < IPCC_TOP_SLOTS; i++) {
+        struct ipcc_top_slot *s = &c->top[i];
+        if (atomic_load_explicit(&s->used, memory_order_relaxed))
+            continue;
+        slot_store(&s->ctx_id, e->key.ctx_id);
+        slot_store(&s->hits, 0);
+        slot_store(&s->refs, e->refs);
+        slot_store(&s->bytes, e->bytes);
+        slot_store(&s->created_ns, now_ns);
+        atomic_store_explicit(&s->used, 1, memory_order_release);
+        e->top_slot = i;
+        return;
+    }
+}
+
+static void top_detach(struct ipcc_cache *c, struct ipcc_entry *e)
+{
+    if (e->top_slot >= 0)
+        atomic_store_explicit(&c->top[e->top_slot].used, 0, memory_order_release);
+    e->top_slot = -1;
+}
+
+static void top_update(struct ipcc_cache *c, const struct ipcc_entry *e, int hit)
+{
+    if (e->top_slot < 0)
+        return;
+    struct ipcc_top_slot *s = &c->top[e->top_slot];
+    if (hit)
+        atomic_fetch_add_explicit(&s->hits, 1, memory_order_relaxed);
+    slot_store(&s->refs, e->refs);
+}
+
+/* Take an entry off both indexes and the gauges; the caller frees it. */
+static void unlink_entry(struct ipcc_cache *c, struct ipcc_entry *e)
+{
+    HASH_DELETE(hh_key, c->by_key, e);
+    HASH_DELETE(hh_ptr, c->by_ptr, e);
+    if (e->refs == 0) {
+        DL_DELETE(c->lru, e);
+        gauge_sub(&c->gauges.idle, 1);
+        gauge_sub(&c->gauges.idle_bytes, e->bytes);
+    } else {
+        gauge_sub(&c->gauges.live, 1);
+    }
+    top_detach(c, e);
+}
+
+static void victim_from(struct ipcc_victim *v, const struct ipcc_entry *e)
+{
+    v->ctx = e->ctx;
+    v->ctx_id = e->key.ctx_id;
+    v->dptr = e->pkey.dptr;
+    v->bytes = e->bytes;
+}
+
+/* ---- API ---------------------------------------------------------------- */
+
+/* Returns an empty table, or NULL when out of memory. */
+struct ipcc_cache *ipcc_cache_create(void)
+{
+    return calloc(1, sizeof(struct ipcc_cache));
+}
+
+/* Forgets every entry without closing anything: for the fork child, whose
+ * mappings belong to its parent's contexts. The table itself stays, so a
+ * signal handler reading its gauges never sees freed memory. */
+void ipcc_cache_clear(struct ipcc_cache *c)
+{
+    struct ipcc_entry *e, *tmp;
+    HASH_ITER(hh_key, c->by_key, e, tmp) {
+        unlink_entry(c, e);
+        free(e);
+    }
+}
+
+void ipcc_cache_destroy(struct ipcc_cache *c)
+{
+    if (!c)
+        return;
+    ipcc_cache_clear(c);
+    free(c);
+}
+
+/* Builds a key with every byte defined (uthash hashes padding too). */
+void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id, const void *handle,
+                   uint32_t flags)
+{
+    memset(k, 0, sizeof(*k));
+    k->ctx_id = ctx_id;
+    k->flags = flags;
+    memcpy(k->handle, handle, IPCC_HANDLE_BYTES);
+}
+
+/* On a hit takes one reference, stores the mapping's pointer in *dptr and
+ * returns 1; returns 0 on a miss and leaves *dptr alone. */
+int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k, uint64_t *dptr)
+{
+    struct ipcc_entry *e;
+    HASH_FIND(hh_key, c->by_key, k, sizeof(*k), e);
+    if (!e)
+        return 0;
+    if (e->refs++ == 0) {
+        DL_DELETE(c->lru, e);
+        gauge_sub(&c->gauges.idle, 1);
+        gauge_sub(&c->gauges.idle_bytes, e->bytes);
+        gauge_add(&c->gauges.live, 1);
+    }
+    top_update(c, e, 1);
+    *dptr = e->pkey.dptr;
+    return 1;
+}
+
+/*
+ * Records a mapping the caller has just opened, with one reference.
+ * Returns 1 when inserted. Returns 0 when the key is already cached (another
+ * thread's miss won the race): a reference is taken on that entry instead,
+ * its pointer goes to *cached_dptr, and the caller must drop the driver
+ * reference it holds itself. Returns -1 when out of memory (nothing cached).
+ */
+int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
+                      uint64_t dptr, uint64_t bytes, uint64_t now_ns,
+                      uint64_t *cached_dptr)
+{
+    if (ipcc_cache_acquire(c, k, cached_dptr))
+        return 0;
+
+    struct ipcc_entry *e = calloc(1, sizeof(*e));
+    if (!e)
+        return -1;
+    e->key = *k;
+    e->pkey.ctx_id = k->ctx_id;
+    e->pkey.dptr = dptr;
+    e->ctx = ctx;
+    e->bytes = bytes;
+    e->refs = 1;
+
+    ipcc_cache_oom = 0;
+    HASH_ADD(hh_key, c->by_key, key, sizeof(e->key), e);
+    if (ipcc_cache_oom) {
+        free(e);
+        return -1;
+    }
+    HASH_ADD(hh_ptr, c->by_ptr, pkey, sizeof(e->pkey), e);
+    if (ipcc_cache_oom) {
+        HASH_DELETE(hh_key, c->by_key, e);
+        free(e);
+        return -1;
+    }
+    gauge_add(&c->gauges.live, 1);
+    top_attach(c, e, now_ns);
+    return 1;
+}
+
+/* Drops one reference of the mapping at dptr in context ctx_id. At zero the
+ * entry stays cached, idle, at the most-recent end of the LRU list. */
+enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_id,
+                                            uint64_t dptr)
+{
+    struct ptr_key pk = { .ctx_id = ctx_id, .dptr = dptr };
+    struct ipcc_entry *e;
+    HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
+    if (!e)
+        return IPCC_RELEASE_NOT_FOUND;
+    if (e->refs == 0)
+        return IPCC_RELEASE_PAST_ZERO;
+    if (--e->refs == 0) {
+        DL_APPEND(c->lru, e);
+        gauge_sub(&c->gauges.live, 1);
+        gauge_add(&c->gauges.idle, 1);
+        gauge_add(&c->gauges.idle_bytes, e->bytes);
+    }
+    top_update(c, e, 0);
+    return IPCC_RELEASE_OK;
+}
+
+static int over_caps(const struct ipcc_cache *c, uint64_t max_bytes, uint64_t max_entries)
+{
+    return atomic_load_explicit(&c->gauges.idle_bytes, memory_order_relaxed) > max_bytes ||
+           atomic_load_explicit(&c->gauges.idle, memory_order_relaxed) > max_entries;
+}
+
+/* Removes least recently used idle entries until both caps hold (or cap
+ * victims are collected) and describes them in out[]; the caller closes them.
+ * Returns how many were removed. UINT64_MAX caps evict everything idle. */
+size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
+                        uint64_t max_idle_entries, struct ipcc_victim *out, size_t cap)
+{
+    size_t n = 0;
+    while (n < cap && c->lru && over_caps(c, max_idle_bytes, max_idle_entries)) {
+        struct ipcc_entry *e = c->lru;
+        victim_from(&out[n++], e);
+        unlink_entry(c, e);
+        free(e);
+    }
+    return n;
+}
+
+/* Forgets every entry of a context that no longer exists (its mappings died
+ * with it). Returns how many; the first cap are described in out[]. */
+size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,
+                           struct ipcc_victim *out, size_t cap)
+{
+    struct ipcc_entry *e, *tmp;
+    size_t n = 0;
+    HASH_ITER(hh_key, c->by_key, e, tmp) {
+        if (e->key.ctx_id != ctx_id)
+            continue;
+        if (n < cap)
+            victim_from(&out[n], e);
+        n++;
+        unlink_entry(c, e);
+        free(e);
+    }
+    return n;
+}
+
+/* Lists the distinct contexts that own entries (at most cap). */
+size_t ipcc_cache_contexts(struct ipcc_cache *c, void **ctxs, uint64_t *ids, size_t cap)
+{
+    struct ipcc_entry *e, *tmp;
+    size_t n = 0;
+    HASH_ITER(hh_key, c->by_key, e, tmp) {
+        size_t i = 0;
+        while (i < n && ids[i] != e->key.ctx_id)
+            i++;
+        if (i < n || n == cap)
+            continue;
+        ctxs[n] = e->ctx;
+        ids[n] = e->key.ctx_id;
+        n++;
+    }
+    return n;
+}
+
+size_t ipcc_cache_count(const struct ipcc_cache *c)
+{
+    return HASH_CNT(hh_key, c->by_key);
+}
+
+const struct ipcc_cache_gauges *ipcc_cache_gauges(const struct ipcc_cache *c)
+{
+    return &c->gauges;
+}
+
+const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c)
+{
+    return c->top;
+}

@@ -1,0 +1,236 @@
+/*
+ * config.c - the IPCCACHE_* settings, read once at the first IPC call.
+ *
+ * One table lists every variable with its parser and default. A bad value
+ * gives one warning naming the variable and keeps the default, unless
+ * IPCCACHE_STRICT is on, in which case it is an error and the process stops
+ * (an operator asked to be told, not to run with a setting they did not mean).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define DEFAULT_MAX_IDLE_BYTES (8ULL << 30)
+#define DEFAULT_MAX_IDLE_ENTRIES 256
+
+struct ipcc_config ipcc_config = {
+    .max_idle_bytes = DEFAULT_MAX_IDLE_BYTES,
+    .max_idle_entries = DEFAULT_MAX_IDLE_ENTRIES,
+    .log_level = IPCC_LOG_WARN,
+    .stats_signal = SIGUSR1,
+    .stats_dir = "/tmp",
+};
+
+/* ---- value parsers: return 0 on success, -1 on a bad value ------------- */
+
+int ipcc_parse_bool(const char *s, int *out)
+{
+    static const char *const yes[] = { "1", "true", "yes", "on" };
+    static const char *const no[] = { "0", "false", "no", "off", "" };
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
+        if (strcasecmp(s, yes[i]) == 0)
+            return *out = 1, 0;
+    for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+        if (strcasecmp(s, no[i]) == 0)
+            return *out = 0, 0;
+    return -1;
+}
+
+/* Plain decimal, no sign, no trailing junk. */
+static int parse_u64(const char *s, const char **end, uint64_t *out)
+{
+    if (!isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *e;
+    unsigned long long v = strtoull(s, &e, 10);
+    if (errno == ERANGE)
+        return -1;
+    *out = v;
+    *end = e;
+    return 0;
+}
+
+int ipcc_parse_count(const char *s, uint64_t *out)
+{
+    const char *end;
+    if (parse_u64(s, &end, out) < 0 || *end != '\0')
+        return -1;
+    return 0;
+}
+
+/* Bytes with an optional K/M/G/T suffix (powers of 1024), "B"/"iB" allowed. */
+int ipcc_parse_size(const char *s, uint64_t *out)
+{
+    static const char units[] = "KMGT";
+    const char *end;
+    uint64_t v;
+    if (parse_u64(s, &end, &v) < 0)
+        return -1;
+    unsigned shift = 0;
+    if (*end) {
+        const char *u = strchr(units, toupper((unsigned char)*end));
+        if (!u)
+            return -1;
+        shift = 10 * (unsigned)(u - units + 1);
+        end++;
+        if (*end == 'i' || *end == 'I')
+            end++;
+        if (*end == 'b' || *end == 'B')
+            end++;
+    }
+    if (*end != '\0' || (shift && v > (UINT64_MAX >> shift)))
+        return -1;
+    *out = v << shift;
+    return 0;
+}
+
+/* A signal number, or a name with or without "SIG"; 0 means none. */
+int ipcc_parse_signal(const char *s, int *out)
+{
+    static const struct { const char *name; int sig; } names[] = {
+        { "USR1", SIGUSR1 }, { "USR2", SIGUSR2 }, { "HUP", SIGHUP },
+        { "WINCH", SIGWINCH }, { "URG", SIGURG },
+    };
+    uint64_t n;
+    if (ipcc_parse_count(s, &n) == 0) {
+        if (n != 0 && (n >= (uint64_t)NSIG || n == SIGKILL || n == SIGSTOP))
+            return -1;
+        return *out = (int)n, 0;
+    }
+    if (strncasecmp(s, "SIG", 3) == 0)
+        s += 3;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcasecmp(s, names[i].name) == 0)
+            return *out = names[i].sig, 0;
+    if (strncasecmp(s, "RTMIN+", 6) == 0 && ipcc_parse_count(s + 6, &n) == 0 &&
+        SIGRTMIN + (int64_t)n <= SIGRTMAX)
+        return *out = SIGRTMIN + (int)n, 0;
+    return -1;
+}
+
+int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out)
+{
+    static const char *const names[] = { "error", "warn", "info", "debug" };
+    for (int i = 0; i < 4; i++)
+        if (strcasecmp(s, names[i]) == 0)
+            return *out = (enum ipcc_log_level)i, 0;
+    if (strcasecmp(s, "warning") == 0)
+        return *out = IPCC_LOG_WARN, 0;
+    return -1;
+}
+
+/* ---- the table ---------------------------------------------------------- */
+
+static int set_disable(const char *s) { return ipcc_parse_bool(s, &ipcc_config.disabled); }
+static int set_idle_bytes(const char *s) { return ipcc_parse_size(s, &ipcc_config.max_idle_bytes); }
+static int set_idle_entries(const char *s) { return ipcc_parse_count(s, &ipcc_config.max_idle_entries); }
+static int set_log(const char *s) { return ipcc_parse_log_level(s, &ipcc_config.log_level); }
+static int set_signal(const char *s) { return ipcc_parse_signal(s, &ipcc_config.stats_signal); }
+static int set_at_exit(const char *s) { return ipcc_parse_bool(s, &ipcc_config.stats_at_exit); }
+
+/* Expands %p to the pid and %% to %; anything else after % is an error. */
+static int set_stats_file(const char *s)
+{
+    char *out = ipcc_config.stats_file;
+    size_t cap = sizeof(ipcc_config.stats_file), n = 0;
+    for (; *s; s++) {
+        char pid[24];
+        const char *piece = s;
+        size_t len = 1;
+        if (*s == '%') {
+            s++;
+            if (*s == 'p')
+                len = (size_t)snprintf(pid, sizeof(pid), "%ld", (long)getpid()), piece = pid;
+            else if (*s != '%')
+                return out[0] = '\0', -1;
+            else
+                piece = s;
+        }
+        if (n + len >= cap)
+            return out[0] = '\0', -1;
+        memcpy(out + n, piece, len);
+        n += len;
+    }
+    out[n] = '\0';
+    return 0;
+}
+
+static int set_stats_dir(const char *s)
+{
+    if (s[0] != '/' || strlen(s) >= sizeof(ipcc_config.stats_dir) - 40)
+        return -1;
+    strcpy(ipcc_config.stats_dir, s);
+    return 0;
+}
+
+struct setting {
+    const char *name;
+    int (*set)(const char *value);
+    const char *expect;
+};
+
+static const struct setting settings[] = {
+    { "IPCCACHE_DISABLE", set_disable, "a boolean (1/0, true/false, yes/no, on/off)" },
+    { "IPCCACHE_MAX_IDLE_BYTES", set_idle_bytes, "a size such as 8G, 512M or 1048576" },
+    { "IPCCACHE_MAX_IDLE_ENTRIES", set_idle_entries, "a non-negative integer" },
+    { "IPCCACHE_LOG", set_log, "one of error, warn, info, debug" },
+    { "IPCCACHE_STATS_FILE", set_stats_file, "a path (%p expands to the pid)" },
+    { "IPCCACHE_STATS_DIR", set_stats_dir, "an absolute directory path" },
+    { "IPCCACHE_STATS_SIGNAL", set_signal, "a signal name or number, 0 for none" },
+    { "IPCCACHE_STATS_AT_EXIT", set_at_exit, "a boolean" },
+};
+
+/* Strict mode is read first: it decides what a bad value in the others means. */
+static void load_strict(void)
+{
+    const char *v = getenv("IPCCACHE_STRICT");
+    if (v && ipcc_parse_bool(v, &ipcc_config.strict) < 0)
+        ipcc_log(IPCC_LOG_WARN, "IPCCACHE_STRICT=\"%s\" is not a boolean; using 0", v);
+}
+
+/* Keeps a copy of the default so a failed parse cannot leave half a value. */
+static void load_one(const struct setting *st)
+{
+    const char *v = getenv(st->name);
+    if (!v)
+        return;
+    struct ipcc_config saved = ipcc_config;
+    if (st->set(v) == 0)
+        return;
+    ipcc_config = saved;
+    if (ipcc_config.strict) {
+        ipcc_log(IPCC_LOG_ERROR, "%s=\"%s\" is invalid: expected %s (IPCCACHE_STRICT is on)",
+                 st->name, v, st->expect);
+        _exit(78); /* EX_CONFIG */
+    }
+    ipcc_log(IPCC_LOG_WARN, "%s=\"%s\" is invalid: expected %s; using the default",
+             st->name, v, st->expect);
+}
+
+/* Called once, from the first intercepted IPC call. IPCCACHE_LOG goes first
+ * so that it governs the messages about the other settings. */
+void ipcc_config_load(void)
+{
+    load_strict();
+    load_one(&settings[3]);
+    for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
+        if (i != 3)
+            load_one(&settings[i]);
+}
+
+/* The resolver and dlsym consult this before the full load: a quiet reading
+ * of IPCCACHE_DISABLE (a bad value is reported later, by the full load). */
+int ipcc_config_disabled_early(void)
+{
+    const char *v = getenv("IPCCACHE_DISABLE");
+    int on = 0;
+    return v && ipcc_parse_bool(v, &on) == 0 && on;
+}

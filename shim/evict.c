@@ -1,0 +1,82 @@
+/*
+ * evict.c - really closing mappings the table has given up: idle entries
+ * past the caps (least recently used first), and every idle entry at exit.
+ *
+ * An idle mapping pins the exporter's memory (the docs call freeing exported
+ * memory while it is mapped undefined; in practice it stays allocated), so
+ * IPCCACHE_MAX_IDLE_BYTES and IPCCACHE_MAX_IDLE_ENTRIES bound what we keep.
+ *
+ * The driver closes in the current context, so a victim from another context
+ * is closed with its own context pushed, and the caller's restored after.
+ */
+#include <cuda.h>
+
+#include "internal.h"
+
+typedef CUresult (*close_fn)(CUdeviceptr);
+
+#define BATCH 32
+
+static CUresult close_in_context(close_fn real, const struct ipcc_victim *v)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    void *current = NULL;
+    if (d->ctx_get_current)
+        d->ctx_get_current(&current);
+    if (current == v->ctx)
+        return real((CUdeviceptr)v->dptr);
+    if (!d->ctx_push || !d->ctx_pop || d->ctx_push(v->ctx) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult rc = real((CUdeviceptr)v->dptr);
+    void *popped;
+    d->ctx_pop(&popped);
+    return rc;
+}
+
+/* Closes each victim's mapping; failures are expected only when the driver
+ * is already gone (exit), so they are logged at debug level. */
+void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted)
+{
+    close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
+    if (!real)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t t0 = ipcc_now_ns();
+        CUresult rc = close_in_context(real, &v[i]);
+        if (rc != CUDA_SUCCESS) {
+            ipcc_log(IPCC_LOG_DEBUG, "closing cached mapping 0x%llx failed: error %d",
+                     (unsigned long long)v[i].dptr, (int)rc);
+            continue;
+        }
+        IPCC_ADD(real_close_ns, ipcc_now_ns() - t0);
+        IPCC_COUNT(real_close_samples);
+        IPCC_COUNT(real_closes);
+        if (evicted)
+            IPCC_COUNT(evictions);
+    }
+}
+
+/* Evicts in batches so the lock is never held across a driver call. */
+static void evict_until(uint64_t max_bytes, uint64_t max_entries, int evicted)
+{
+    struct ipcc_victim victims[BATCH];
+    size_t n;
+    do {
+        ipcc_lock();
+        n = ipcc_cache_evict(ipcc_table(), max_bytes, max_entries, victims, BATCH);
+        ipcc_unlock();
+        ipcc_close_victims(victims, n, evicted);
+    } while (n == BATCH);
+}
+
+void ipcc_evict_over_caps(void)
+{
+    evict_until(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, 1);
+}
+
+/* At exit: the application is done with idle mappings; give the exporter
+ * its memory back while the driver is still up. */
+void ipcc_release_all_idle(void)
+{
+    evict_until(0, 0, 0);
+}

@@ -1,0 +1,213 @@
+/*
+ * internal.h - declarations shared between ipccache's source files.
+ *
+ * Nothing here is exported: the library is built with -fvisibility=hidden and
+ * shim/ipccache.map exports only the intercepted driver names and dlsym.
+ */
+#ifndef IPCC_INTERNAL_H
+#define IPCC_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define IPCC_VERSION "0.1.0"
+#define IPCC_HIDDEN __attribute__((visibility("hidden")))
+#define IPCC_EXPORT __attribute__((visibility("default")))
+
+/* The driver's status codes we produce ourselves (the rest are passed back). */
+#define IPCC_CUDA_SUCCESS 0
+#define IPCC_CUDA_ERROR_INVALID_VALUE 1
+
+/* ---- cache.c: the table (pure C, no CUDA, no I/O, no locking) ---------- */
+
+#define IPCC_HANDLE_BYTES 64
+
+/* Identity of one mapping as the driver sees it. Zero-filled before use:
+ * uthash hashes the raw bytes, padding included. */
+struct ipcc_key {
+    uint64_t ctx_id;
+    uint32_t flags;
+    uint32_t zero_pad;
+    unsigned char handle[IPCC_HANDLE_BYTES];
+};
+
+struct ipcc_entry;
+
+/* What release() found. */
+enum ipcc_release_result {
+    IPCC_RELEASE_NOT_FOUND,  /* not ours: the driver must answer */
+    IPCC_RELEASE_OK,         /* one reference dropped */
+    IPCC_RELEASE_PAST_ZERO,  /* already idle: the driver would say INVALID_VALUE */
+};
+
+/* An entry removed from the table whose mapping the caller must really close
+ * (eviction, exit) or forget (context gone). */
+struct ipcc_victim {
+    void *ctx;
+    uint64_t ctx_id;
+    uint64_t dptr;
+    uint64_t bytes;
+};
+
+struct ipcc_cache;
+
+IPCC_HIDDEN struct ipcc_cache *ipcc_cache_create(void);
+IPCC_HIDDEN void ipcc_cache_destroy(struct ipcc_cache *c);
+IPCC_HIDDEN void ipcc_cache_clear(struct ipcc_cache *c);
+IPCC_HIDDEN void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id,
+                               const void *handle, uint32_t flags);
+IPCC_HIDDEN int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k,
+                                   uint64_t *dptr);
+IPCC_HIDDEN int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k,
+                                  void *ctx, uint64_t dptr, uint64_t bytes,
+                                  uint64_t now_ns, uint64_t *cached_dptr);
+IPCC_HIDDEN enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c,
+                                                        uint64_t ctx_id,
+                                                        uint64_t dptr);
+IPCC_HIDDEN size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
+                                    uint64_t max_idle_entries,
+                                    struct ipcc_victim *out, size_t cap);
+IPCC_HIDDEN size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,
+                                       struct ipcc_victim *out, size_t cap);
+IPCC_HIDDEN size_t ipcc_cache_contexts(struct ipcc_cache *c, void **ctxs,
+                                       uint64_t *ids, size_t cap);
+IPCC_HIDDEN size_t ipcc_cache_count(const struct ipcc_cache *c);
+
+/* Totals the cache keeps; read by the signal handler, so atomic. */
+struct ipcc_cache_gauges {
+    _Atomic uint64_t live;
+    _Atomic uint64_t idle;
+    _Atomic uint64_t idle_bytes;
+};
+IPCC_HIDDEN const struct ipcc_cache_gauges *ipcc_cache_gauges(const struct ipcc_cache *c);
+
+/* A few entries mirrored into fixed slots so the signal handler can list them
+ * without taking the lock. Fields may be momentarily inconsistent. */
+#define IPCC_TOP_SLOTS 16
+struct ipcc_top_slot {
+    _Atomic int used;
+    _Atomic uint64_t ctx_id;
+    _Atomic uint64_t hits;
+    _Atomic uint64_t refs;
+    _Atomic uint64_t bytes;
+    _Atomic uint64_t created_ns;
+};
+IPCC_HIDDEN const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c);
+
+/* ---- config.c ------------------------------------------------------------ */
+
+enum ipcc_log_level { IPCC_LOG_ERROR, IPCC_LOG_WARN, IPCC_LOG_INFO, IPCC_LOG_DEBUG };
+
+struct ipcc_config {
+    int disabled;
+    uint64_t max_idle_bytes;
+    uint64_t max_idle_entries;
+    enum ipcc_log_level log_level;
+    int stats_signal;        /* 0: no handler */
+    int stats_at_exit;
+    int strict;
+    char stats_file[512];    /* %p already expanded; empty: none */
+    char stats_dir[256];
+};
+
+IPCC_HIDDEN extern struct ipcc_config ipcc_config;
+IPCC_HIDDEN void ipcc_config_load(void);
+IPCC_HIDDEN int ipcc_config_disabled_early(void);
+IPCC_HIDDEN int ipcc_parse_bool(const char *s, int *out);
+IPCC_HIDDEN int ipcc_parse_size(const char *s, uint64_t *out);
+IPCC_HIDDEN int ipcc_parse_count(const char *s, uint64_t *out);
+IPCC_HIDDEN int ipcc_parse_signal(const char *s, int *out);
+IPCC_HIDDEN int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out);
+
+/* ---- log.c --------------------------------------------------------------- */
+
+IPCC_HIDDEN void ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ---- stats.c ------------------------------------------------------------- */
+
+struct ipcc_counters {
+    _Atomic uint64_t opens, hits, misses, closes;
+    _Atomic uint64_t real_opens, real_closes, evictions, invalidations;
+    _Atomic uint64_t passthrough, errors;
+    _Atomic uint64_t real_open_ns, real_open_samples;
+    _Atomic uint64_t real_close_ns, real_close_samples;
+};
+
+IPCC_HIDDEN extern struct ipcc_counters ipcc_stats;
+#define IPCC_COUNT(field) atomic_fetch_add_explicit(&ipcc_stats.field, 1, memory_order_relaxed)
+#define IPCC_ADD(field, n) atomic_fetch_add_explicit(&ipcc_stats.field, (n), memory_order_relaxed)
+
+IPCC_HIDDEN uint64_t ipcc_now_ns(void);
+IPCC_HIDDEN void ipcc_stats_reset(void);
+IPCC_HIDDEN void ipcc_stats_install_handler(void);
+IPCC_HIDDEN void ipcc_stats_write_line(int fd_hint);
+IPCC_HIDDEN size_t ipcc_stats_format(char *buf, size_t cap);
+
+/* ---- resolve.c: finding the real driver and our hook table -------------- */
+
+/* Real driver entry points the cache itself needs (never hooked ones). */
+struct ipcc_driver {
+    int (*ctx_get_current)(void **ctx);
+    int (*ctx_get_id)(void *ctx, unsigned long long *id);
+    int (*ctx_push)(void *ctx);
+    int (*ctx_pop)(void **ctx);
+    int (*mem_get_range)(uint64_t *base, size_t *size, uint64_t dptr);
+};
+
+IPCC_HIDDEN const struct ipcc_driver *ipcc_driver(void);
+IPCC_HIDDEN void *ipcc_real(int slot);
+IPCC_HIDDEN extern void *(*ipcc_real_dlsym)(void *, const char *);
+IPCC_HIDDEN void *ipcc_dlsym_hook(void *handle, const char *name);
+
+/* Slots of the hook table; resolve.c owns the table, hooks.c the wrappers. */
+enum ipcc_slot {
+    IPCC_SLOT_OPEN_V1,
+    IPCC_SLOT_OPEN_V2,
+    IPCC_SLOT_CLOSE,
+    IPCC_SLOT_PROC_V1,
+    IPCC_SLOT_PROC_V2,
+    IPCC_SLOT_CTX_DESTROY_V1,
+    IPCC_SLOT_CTX_DESTROY_V2,
+    IPCC_SLOT_PRIMARY_RELEASE_V1,
+    IPCC_SLOT_PRIMARY_RELEASE_V2,
+    IPCC_SLOT_PRIMARY_RESET_V1,
+    IPCC_SLOT_PRIMARY_RESET_V2,
+    IPCC_SLOT_COUNT
+};
+
+/* One row per exported wrapper: the one table every resolver path uses. */
+struct ipcc_hook {
+    const char *symbol;     /* exported name, as dlsym is asked for it */
+    const char *proc_name;  /* name cuGetProcAddress is asked for */
+    int since;              /* first CUDA version whose ABI this row is */
+    void *wrapper;
+    void *_Atomic real;
+};
+
+IPCC_HIDDEN extern struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT];
+IPCC_HIDDEN void *ipcc_resolve_substitute(const char *symbol, int version, void *real);
+
+/* ---- mappings.c: open and close through the cache ----------------------- */
+
+IPCC_HIDDEN int ipcc_open(int slot, uint64_t *pdptr, const void *handle, unsigned flags);
+IPCC_HIDDEN int ipcc_close(uint64_t dptr);
+IPCC_HIDDEN int ipcc_context_id(void *ctx, uint64_t *id);
+IPCC_HIDDEN void ipcc_forget_context(uint64_t ctx_id);
+IPCC_HIDDEN void ipcc_sweep_dead_contexts(void);
+
+/* ---- evict.c: really closing mappings the table gave up ----------------- */
+
+IPCC_HIDDEN void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted);
+IPCC_HIDDEN void ipcc_evict_over_caps(void);
+IPCC_HIDDEN void ipcc_release_all_idle(void);
+
+/* ---- lifecycle.c --------------------------------------------------------- */
+
+IPCC_HIDDEN void ipcc_lifecycle_start(void);
+IPCC_HIDDEN void ipcc_lock(void);
+IPCC_HIDDEN void ipcc_unlock(void);
+IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);
+
+#endif

@@ -1,0 +1,116 @@
+/*
+ * lifecycle.c - start-up on the first IPC call, fork, and exit.
+ *
+ * Nothing happens at load time: a process that never opens an IPC handle
+ * gets no handler, no atexit entry and no message from us. The first
+ * intercepted call reads the settings and sets everything up, once.
+ *
+ * The table lock is the library's only lock; the fork handlers below take
+ * and reset it (musl's fork does the same for its own locks).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+static pthread_mutex_t table_lock;
+static struct ipcc_cache *_Atomic table;
+static pthread_once_t start_once = PTHREAD_ONCE_INIT;
+
+void ipcc_lock(void)
+{
+    pthread_mutex_lock(&table_lock);
+}
+
+void ipcc_unlock(void)
+{
+    pthread_mutex_unlock(&table_lock);
+}
+
+struct ipcc_cache *ipcc_table(void)
+{
+    return table;
+}
+
+/* Adaptive: critical sections are a hash lookup, so spin briefly before
+ * sleeping when several threads hit at once. */
+static void init_lock(void)
+{
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(&table_lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+}
+
+/* ---- fork: no CUDA calls here; the child's CUDA state is not usable ----- */
+
+static void before_fork(void)
+{
+    ipcc_lock();
+}
+
+static void after_fork_parent(void)
+{
+    ipcc_unlock();
+}
+
+/* The child's mappings belong to the parent's contexts: forget them all.
+ * The lock may have been taken by a thread that does not exist here. */
+static void after_fork_child(void)
+{
+    init_lock();
+    ipcc_cache_clear(table);
+    ipcc_stats_reset();
+}
+
+/* ---- exit --------------------------------------------------------------- */
+
+/* Registered at the first IPC call, hence after cudart's own exit handler,
+ * hence run before it tears the driver down. If the driver is gone anyway,
+ * the closes fail quietly. */
+static void at_exit(void)
+{
+    if (ipcc_config.stats_at_exit)
+        ipcc_stats_write_line(-1);
+    ipcc_release_all_idle();
+}
+
+/* ---- start -------------------------------------------------------------- */
+
+static void log_start(void)
+{
+    ipcc_log(IPCC_LOG_INFO,
+             "version %s active: max_idle_bytes=%llu max_idle_entries=%llu "
+             "stats_signal=%d stats_file=%s stats_at_exit=%d",
+             IPCC_VERSION, (unsigned long long)ipcc_config.max_idle_bytes,
+             (unsigned long long)ipcc_config.max_idle_entries, ipcc_config.stats_signal,
+             ipcc_config.stats_file[0] ? ipcc_config.stats_file : "(stderr)",
+             ipcc_config.stats_at_exit);
+}
+
+static void start(void)
+{
+    init_lock();
+    ipcc_config_load();
+    if (ipcc_config.disabled) {
+        ipcc_log(IPCC_LOG_INFO, "disabled by IPCCACHE_DISABLE; passing calls through");
+        return;
+    }
+    table = ipcc_cache_create();
+    if (!table) {
+        ipcc_log(IPCC_LOG_WARN, "out of memory at start; passing calls through");
+        ipcc_config.disabled = 1;
+        return;
+    }
+    ipcc_stats_install_handler();
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    atexit(at_exit);
+    log_start();
+}
+
+void ipcc_lifecycle_start(void)
+{
+    pthread_once(&start_once, start);
+}

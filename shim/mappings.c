@@ -1,0 +1,223 @@
+/*
+ * mappings.c - opening and closing IPC memory through the cache.
+ *
+ * The contract is the driver's own: a hit returns the pointer the driver
+ * would return and takes a reference; a close drops one; errors are the
+ * driver's. Anything we cannot decide exactly goes to the driver untouched.
+ *
+ * Locking: the table lock is held only around table operations, never
+ * across a driver call, so a slow map (milliseconds across GPUs) does not
+ * stall other threads' hits.
+ */
+#include <string.h>
+
+#include <cuda.h>
+
+#include "internal.h"
+
+typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+typedef CUresult (*close_fn)(CUdeviceptr);
+
+#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
+
+/* ---- contexts ----------------------------------------------------------- */
+
+/* A context's identity for the key. cuCtxGetId (driver >= 12.0) is unique
+ * for the life of the process, so a new context at a dead one's address, or
+ * a reset primary context, never matches old entries. Older drivers: the
+ * address, made safe by dropping entries when contexts are torn down. */
+int ipcc_context_id(void *ctx, uint64_t *id)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    if (!d->ctx_get_id) {
+        *id = (uint64_t)(uintptr_t)ctx;
+        return 0;
+    }
+    unsigned long long v;
+    if (d->ctx_get_id(ctx, &v) != CUDA_SUCCESS)
+        return -1;
+    *id = v;
+    return 0;
+}
+
+/* The calling thread's current context; -1 if there is none (the driver
+ * then answers the call itself, with its own error). */
+static int current_context(void **ctx, uint64_t *id)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    if (!d->ctx_get_current || d->ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx)
+        return -1;
+    return ipcc_context_id(*ctx, id);
+}
+
+/* ---- pass-through ------------------------------------------------------- */
+
+static CUresult count_result(CUresult rc)
+{
+    if (rc != CUDA_SUCCESS)
+        IPCC_COUNT(errors);
+    return rc;
+}
+
+static CUresult passthrough_open(open_fn real, CUdeviceptr *pdptr, CUipcMemHandle h,
+                                 unsigned flags)
+{
+    IPCC_COUNT(passthrough);
+    return count_result(real(pdptr, h, flags));
+}
+
+static CUresult passthrough_close(close_fn real, CUdeviceptr dptr)
+{
+    IPCC_COUNT(passthrough);
+    return count_result(real(dptr));
+}
+
+/* A real close made by the cache itself, timed for the stats. */
+static CUresult timed_real_close(close_fn real, CUdeviceptr dptr)
+{
+    uint64_t t0 = ipcc_now_ns();
+    CUresult rc = real(dptr);
+    if (rc == CUDA_SUCCESS) {
+        IPCC_ADD(real_close_ns, ipcc_now_ns() - t0);
+        IPCC_COUNT(real_close_samples);
+        IPCC_COUNT(real_closes);
+    }
+    return rc;
+}
+
+/* ---- open --------------------------------------------------------------- */
+
+static uint64_t mapping_bytes(uint64_t dptr)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    size_t size = 0;
+    if (!d->mem_get_range || d->mem_get_range(NULL, &size, dptr) != CUDA_SUCCESS)
+        return 0;
+    return size;
+}
+
+/* Not cached: map for real, then record the mapping. If another thread's
+ * miss on the same key got in first, share its entry and give back the
+ * driver reference this call took. */
+static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
+                          CUdeviceptr *pdptr, CUipcMemHandle h, unsigned flags)
+{
+    IPCC_COUNT(misses);
+    uint64_t t0 = ipcc_now_ns();
+    CUresult rc = real(pdptr, h, flags);
+    if (rc != CUDA_SUCCESS)
+        return count_result(rc);
+    IPCC_ADD(real_open_ns, ipcc_now_ns() - t0);
+    IPCC_COUNT(real_open_samples);
+    IPCC_COUNT(real_opens);
+
+    uint64_t dptr = *pdptr, cached = 0;
+    uint64_t bytes = mapping_bytes(dptr);
+    ipcc_lock();
+    int inserted = ipcc_cache_insert(ipcc_table(), key, ctx, dptr, bytes, ipcc_now_ns(), &cached);
+    ipcc_unlock();
+    if (inserted == 0) {
+        timed_real_close((close_fn)ipcc_real(IPCC_SLOT_CLOSE), dptr);
+        *pdptr = cached;
+    } else if (inserted < 0) {
+        ipcc_log(IPCC_LOG_WARN, "out of memory; mapping 0x%llx is not cached",
+                 (unsigned long long)dptr);
+    }
+    return CUDA_SUCCESS;
+}
+
+int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned flags)
+{
+    open_fn real = (open_fn)ipcc_real(slot);
+    CUdeviceptr *pdptr = (CUdeviceptr *)pdptr_u64;
+    CUipcMemHandle h;
+    memcpy(&h, handle_bytes, sizeof(h));
+    if (!real)
+        return NO_DRIVER;
+    ipcc_lifecycle_start();
+    IPCC_COUNT(opens);
+
+    void *ctx;
+    uint64_t ctx_id;
+    if (ipcc_config.disabled || !pdptr || current_context(&ctx, &ctx_id) < 0)
+        return passthrough_open(real, pdptr, h, flags);
+
+    struct ipcc_key key;
+    uint64_t dptr;
+    ipcc_key_init(&key, ctx_id, h.reserved, flags);
+    ipcc_lock();
+    int hit = ipcc_cache_acquire(ipcc_table(), &key, &dptr);
+    ipcc_unlock();
+    if (!hit)
+        return open_miss(real, &key, ctx, pdptr, h, flags);
+    IPCC_COUNT(hits);
+    *pdptr = (CUdeviceptr)dptr;
+    return CUDA_SUCCESS;
+}
+
+/* ---- close -------------------------------------------------------------- */
+
+int ipcc_close(uint64_t dptr)
+{
+    close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
+    if (!real)
+        return NO_DRIVER;
+    ipcc_lifecycle_start();
+    IPCC_COUNT(closes);
+
+    void *ctx;
+    uint64_t ctx_id;
+    if (ipcc_config.disabled || current_context(&ctx, &ctx_id) < 0)
+        return passthrough_close(real, (CUdeviceptr)dptr);
+
+    ipcc_lock();
+    enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr);
+    ipcc_unlock();
+    switch (r) {
+    case IPCC_RELEASE_NOT_FOUND:
+        return passthrough_close(real, (CUdeviceptr)dptr);
+    case IPCC_RELEASE_PAST_ZERO:
+        /* The driver would have unmapped at zero and now not know dptr. */
+        return count_result(CUDA_ERROR_INVALID_VALUE);
+    case IPCC_RELEASE_OK:
+        break;
+    }
+    ipcc_evict_over_caps();
+    return CUDA_SUCCESS;
+}
+
+/* ---- context teardown --------------------------------------------------- */
+
+/* The context is gone and the driver unmapped its mappings with it: forget
+ * them, closing nothing. */
+void ipcc_forget_context(uint64_t ctx_id)
+{
+    if (!ipcc_table())
+        return;
+    ipcc_lock();
+    size_t n = ipcc_cache_drop_ctx(ipcc_table(), ctx_id, NULL, 0);
+    ipcc_unlock();
+    IPCC_ADD(invalidations, n);
+}
+
+/* After a primary context release or reset: drop the entries of every
+ * context that no longer answers to its id. */
+void ipcc_sweep_dead_contexts(void)
+{
+    enum { MAX_CONTEXTS = 64 };
+    void *ctxs[MAX_CONTEXTS];
+    uint64_t ids[MAX_CONTEXTS];
+    if (!ipcc_table())
+        return;
+    ipcc_lock();
+    size_t n = ipcc_cache_contexts(ipcc_table(), ctxs, ids, MAX_CONTEXTS);
+    ipcc_unlock();
+    for (size_t i = 0; i < n; i++) {
+        uint64_t id;
+        int alive = ipcc_driver()->ctx_get_id
+                        ? ipcc_context_id(ctxs[i], &id) == 0 && id == ids[i]
+                        : 0; /* no way to tell: assume the worst */
+        if (!alive)
+            ipcc_forget_context(ids[i]);
+    }
+}

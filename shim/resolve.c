@@ -1,0 +1,192 @@
+/*
+ * resolve.c - finding the real driver functions, and handing our wrappers to
+ * whoever looks the hooked names up.
+ *
+ * Callers reach the driver three ways (see README, "How it hooks"): linked
+ * symbols (the exports themselves), dlsym on libcuda (cudart, ctypes), and
+ * cuGetProcAddress (cudart after it found the resolver, cuda-python). The
+ * last two land here: the real lookup runs first with the caller's arguments,
+ * and only a successful answer for a hooked name is replaced by our wrapper.
+ *
+ * The exported dlsym is an assembly trampoline (dlsym_x86_64.S): it asks
+ * ipcc_dlsym_hook() for a wrapper and otherwise jumps - not calls - to the
+ * real dlsym, so glibc still sees the original caller's return address and
+ * RTLD_NEXT keeps its meaning for every other library.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+void *(*ipcc_real_dlsym)(void *, const char *);
+
+static pthread_once_t real_dlsym_once = PTHREAD_ONCE_INIT;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static struct ipcc_driver driver;
+
+/* ---- the real dlsym ----------------------------------------------------- */
+
+/* The public dlsym is ours, and glibc >= 2.34 has no private alias: ask for
+ * the next definition by version. 2.34 first (the current one), then the
+ * original x86-64 version for older glibc. */
+static void find_real_dlsym(void)
+{
+    static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5" };
+    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+        void *p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+        if (p) {
+            ipcc_real_dlsym = (void *(*)(void *, const char *))p;
+            return;
+        }
+    }
+    ipcc_log(IPCC_LOG_ERROR, "cannot find the C library's dlsym; aborting");
+    abort();
+}
+
+static void ensure_real_dlsym(void)
+{
+    pthread_once(&real_dlsym_once, find_real_dlsym);
+}
+
+/* ---- the hook table ----------------------------------------------------- */
+
+static struct ipcc_hook *hook_by_symbol(const char *symbol)
+{
+    /* Every hooked name starts with "cu": most lookups stop here. */
+    if (symbol[0] != 'c' || symbol[1] != 'u')
+        return NULL;
+    for (int i = 0; i < IPCC_SLOT_COUNT; i++)
+        if (strcmp(ipcc_hooks[i].symbol, symbol) == 0)
+            return &ipcc_hooks[i];
+    return NULL;
+}
+
+/* The row cuGetProcAddress(proc_name, version) selects: the newest ABI
+ * introduced at or before that version, as the driver itself chooses. */
+static struct ipcc_hook *hook_by_proc(const char *proc_name, int version)
+{
+    struct ipcc_hook *best = NULL;
+    if (proc_name[0] != 'c' || proc_name[1] != 'u')
+        return NULL;
+    for (int i = 0; i < IPCC_SLOT_COUNT; i++) {
+        struct ipcc_hook *h = &ipcc_hooks[i];
+        if (strcmp(h->proc_name, proc_name) == 0 && h->since <= version &&
+            (!best || h->since > best->since))
+            best = h;
+    }
+    return best;
+}
+
+/* Remembers the first real function seen for a row. Any later one the driver
+ * hands out for the same row has the same ABI, so the first stays. */
+static void remember_real(struct ipcc_hook *h, void *real)
+{
+    void *expected = NULL;
+    if (real && real != h->wrapper)
+        atomic_compare_exchange_strong(&h->real, &expected, real);
+}
+
+/* A handle on the loaded driver without loading anything: the library that
+ * holds a real function we already know, else whatever libcuda.so.1 is. */
+static void *driver_handle(void)
+{
+    for (int i = 0; i < IPCC_SLOT_COUNT; i++) {
+        Dl_info info;
+        void *real = atomic_load(&ipcc_hooks[i].real);
+        if (real && dladdr(real, &info) && info.dli_fname) {
+            void *h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+            if (h)
+                return h;
+        }
+    }
+    return dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+}
+
+/* Looks a driver symbol up past ourselves: first in the global scope after
+ * this library, then in the driver loaded privately (cudart dlopens it
+ * RTLD_LOCAL). Never through RTLD_DEFAULT, which would find our own hook. */
+static void *find_in_driver(const char *symbol)
+{
+    ensure_real_dlsym();
+    void *p = ipcc_real_dlsym(RTLD_NEXT, symbol);
+    if (p)
+        return p;
+    void *h = driver_handle();
+    if (!h)
+        return NULL;
+    p = ipcc_real_dlsym(h, symbol);
+    dlclose(h); /* drops only the reference NOLOAD took */
+    return p;
+}
+
+/* The real function behind a hooked row, found lazily for callers that
+ * reached the wrapper through a linked symbol. NULL if no driver is loaded. */
+void *ipcc_real(int slot)
+{
+    struct ipcc_hook *h = &ipcc_hooks[slot];
+    void *real = atomic_load_explicit(&h->real, memory_order_acquire);
+    if (real)
+        return real;
+    remember_real(h, find_in_driver(h->symbol));
+    return atomic_load(&h->real);
+}
+
+/* ---- driver functions the cache itself calls ---------------------------- */
+
+static void find_driver_functions(void)
+{
+    driver.ctx_get_current = (int (*)(void **))find_in_driver("cuCtxGetCurrent");
+    driver.ctx_get_id = (int (*)(void *, unsigned long long *))find_in_driver("cuCtxGetId");
+    driver.ctx_push = (int (*)(void *))find_in_driver("cuCtxPushCurrent_v2");
+    driver.ctx_pop = (int (*)(void **))find_in_driver("cuCtxPopCurrent_v2");
+    driver.mem_get_range =
+        (int (*)(uint64_t *, size_t *, uint64_t))find_in_driver("cuMemGetAddressRange_v2");
+    if (!driver.ctx_get_current)
+        ipcc_log(IPCC_LOG_WARN, "driver lacks cuCtxGetCurrent; caching is off");
+}
+
+const struct ipcc_driver *ipcc_driver(void)
+{
+    pthread_once(&driver_once, find_driver_functions);
+    return &driver;
+}
+
+/* ---- substitution ------------------------------------------------------- */
+
+/* Given what the real resolver returned for (symbol, version), returns the
+ * pointer the caller should get: our wrapper for a hooked name, else real. */
+void *ipcc_resolve_substitute(const char *symbol, int version, void *real)
+{
+    if (!symbol || !real || ipcc_config_disabled_early())
+        return real;
+    struct ipcc_hook *h = hook_by_proc(symbol, version);
+    if (!h)
+        return real;
+    remember_real(h, real);
+    return h->wrapper;
+}
+
+/*
+ * Called by the dlsym trampoline. Returns our wrapper when the caller asked
+ * for a hooked name that the real lookup finds; returns NULL to let the
+ * trampoline jump to the real dlsym with the caller's own arguments.
+ */
+void *ipcc_dlsym_hook(void *handle, const char *name)
+{
+    ensure_real_dlsym();
+    if (!name)
+        return NULL;
+    struct ipcc_hook *h = hook_by_symbol(name);
+    if (!h || ipcc_config_disabled_early())
+        return NULL;
+    /* RTLD_NEXT here is relative to this library, not the caller; for a
+     * hooked name that still finds the driver (or the next interposer). */
+    void *real = ipcc_real_dlsym(handle, name);
+    if (!real)
+        return NULL;
+    remember_real(h, real);
+    return h->wrapper;
+}

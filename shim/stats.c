@@ -1,0 +1,245 @@
+/*
+ * stats.c - counters, and the one-line JSON report written on the stats
+ * signal (and at exit when asked).
+ *
+ * Everything reachable from the signal handler is async-signal-safe: atomic
+ * loads, our own number formatting into a stack buffer, open/write/close.
+ * No stdio, no malloc, no locks (Redis's serverLogFromHandler does the same).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define STATS_SCHEMA 1
+#define LINE_MAX_BYTES 4096
+
+struct ipcc_counters ipcc_stats;
+
+static struct sigaction previous_action;
+
+uint64_t ipcc_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t load(const _Atomic uint64_t *v)
+{
+    return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+/* Fork child: its process starts counting afresh. */
+void ipcc_stats_reset(void)
+{
+    _Atomic uint64_t *f = (_Atomic uint64_t *)&ipcc_stats;
+    for (size_t i = 0; i < sizeof(ipcc_stats) / sizeof(*f); i++)
+        atomic_store_explicit(&f[i], 0, memory_order_relaxed);
+}
+
+/* ---- a tiny signal-safe JSON writer ------------------------------------- */
+
+struct out {
+    char *p;
+    size_t left;
+};
+
+static void put_str(struct out *o, const char *s)
+{
+    size_t n = strlen(s);
+    if (n > o->left)
+        n = o->left;
+    memcpy(o->p, s, n);
+    o->p += n;
+    o->left -= n;
+}
+
+static void put_u64(struct out *o, uint64_t v)
+{
+    char digits[21];
+    int i = (int)sizeof(digits) - 1;
+    digits[i] = '\0';
+    do {
+        digits[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    put_str(o, digits + i);
+}
+
+static void put_field(struct out *o, const char *key, uint64_t v)
+{
+    put_str(o, ",\"");
+    put_str(o, key);
+    put_str(o, "\":");
+    put_u64(o, v);
+}
+
+/* A millisecond count with three decimals, from microseconds. */
+static void put_ms(struct out *o, const char *key, uint64_t us)
+{
+    put_field(o, key, us / 1000);
+    put_str(o, ".");
+    uint64_t frac = us % 1000;
+    put_str(o, frac < 100 ? (frac < 10 ? "00" : "0") : "");
+    put_u64(o, frac);
+}
+
+static uint64_t mean(uint64_t total, uint64_t samples)
+{
+    return samples ? total / samples : 0;
+}
+
+static void put_counters(struct out *o)
+{
+    put_field(o, "opens", load(&ipcc_stats.opens));
+    put_field(o, "hits", load(&ipcc_stats.hits));
+    put_field(o, "misses", load(&ipcc_stats.misses));
+    put_field(o, "closes", load(&ipcc_stats.closes));
+    put_field(o, "real_opens", load(&ipcc_stats.real_opens));
+    put_field(o, "real_closes", load(&ipcc_stats.real_closes));
+}
+
+static void put_gauges(struct out *o)
+{
+    struct ipcc_cache *c = ipcc_table();
+    const struct ipcc_cache_gauges *g = c ? ipcc_cache_gauges(c) : NULL;
+    put_field(o, "live", g ? load(&g->live) : 0);
+    put_field(o, "idle", g ? load(&g->idle) : 0);
+    put_field(o, "idle_bytes", g ? load(&g->idle_bytes) : 0);
+    put_field(o, "evictions", load(&ipcc_stats.evictions));
+    put_field(o, "invalidations", load(&ipcc_stats.invalidations));
+    put_field(o, "passthrough", load(&ipcc_stats.passthrough));
+    put_field(o, "errors", load(&ipcc_stats.errors));
+}
+
+/* Mean real costs, and what the hits saved at those costs. */
+static void put_costs(struct out *o)
+{
+    uint64_t open_ns = mean(load(&ipcc_stats.real_open_ns), load(&ipcc_stats.real_open_samples));
+    uint64_t close_ns = mean(load(&ipcc_stats.real_close_ns), load(&ipcc_stats.real_close_samples));
+    put_field(o, "open_ns_mean", open_ns);
+    put_field(o, "close_ns_mean", close_ns);
+    put_ms(o, "saved_ms", load(&ipcc_stats.hits) * (open_ns + close_ns) / 1000);
+    put_field(o, "max_idle_bytes", ipcc_config.max_idle_bytes);
+    put_field(o, "max_idle_entries", ipcc_config.max_idle_entries);
+}
+
+static void put_top(struct out *o, uint64_t now_ns)
+{
+    struct ipcc_cache *c = ipcc_table();
+    put_str(o, ",\"top\":[");
+    if (c) {
+        const struct ipcc_top_slot *slots = ipcc_cache_top(c);
+        int first = 1;
+        for (int i = 0; i < IPCC_TOP_SLOTS; i++) {
+            const struct ipcc_top_slot *s = &slots[i];
+            if (!atomic_load_explicit(&s->used, memory_order_acquire))
+                continue;
+            put_str(o, first ? "{" : ",{");
+            first = 0;
+            put_str(o, "\"ctx\":");
+            put_u64(o, load(&s->ctx_id));
+            put_field(o, "hits", load(&s->hits));
+            put_field(o, "refs", load(&s->refs));
+            put_field(o, "bytes", load(&s->bytes));
+            uint64_t born = load(&s->created_ns);
+            put_field(o, "age_ms", now_ns > born ? (now_ns - born) / 1000000 : 0);
+            put_str(o, "}");
+        }
+    }
+    put_str(o, "]");
+}
+
+/* Formats the whole line, newline included; returns its length. */
+size_t ipcc_stats_format(char *buf, size_t cap)
+{
+    struct out o = { buf, cap - 2 };
+    put_str(&o, "{\"schema\":");
+    put_u64(&o, STATS_SCHEMA);
+    put_field(&o, "pid", (uint64_t)getpid());
+    put_str(&o, ",\"version\":\"" IPCC_VERSION "\"");
+    put_counters(&o);
+    put_gauges(&o);
+    put_costs(&o);
+    put_top(&o, ipcc_now_ns());
+    put_str(&o, "}\n");
+    return (size_t)(o.p - buf);
+}
+
+/* ---- where the line goes ------------------------------------------------ */
+
+/* The per-process request file that ipccache-stats creates when the process
+ * has no stats file: used only if it already exists, and never a symlink. */
+static int open_request_file(void)
+{
+    char path[sizeof(ipcc_config.stats_dir) + 48];
+    struct out o = { path, sizeof(path) - 1 };
+    put_str(&o, ipcc_config.stats_dir);
+    put_str(&o, "/ipccache-");
+    put_u64(&o, (uint64_t)getpid());
+    put_str(&o, ".stats");
+    *o.p = '\0';
+    return open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+}
+
+static int open_destination(void)
+{
+    if (ipcc_config.stats_file[0])
+        return open(ipcc_config.stats_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    return open_request_file();
+}
+
+/* Writes one stats line with a single write(2). Async-signal-safe. */
+void ipcc_stats_write_line(int fd_hint)
+{
+    char line[LINE_MAX_BYTES];
+    size_t len = ipcc_stats_format(line, sizeof(line));
+    int fd = fd_hint >= 0 ? fd_hint : open_destination();
+    ssize_t ignored = write(fd >= 0 ? fd : STDERR_FILENO, line, len);
+    (void)ignored;
+    if (fd >= 0 && fd != fd_hint)
+        close(fd);
+}
+
+/* ---- the handler -------------------------------------------------------- */
+
+static void chain_previous(int sig, siginfo_t *info, void *uctx)
+{
+    if (previous_action.sa_flags & SA_SIGINFO) {
+        if (previous_action.sa_sigaction)
+            previous_action.sa_sigaction(sig, info, uctx);
+    } else if (previous_action.sa_handler != SIG_DFL &&
+               previous_action.sa_handler != SIG_IGN) {
+        previous_action.sa_handler(sig);
+    }
+}
+
+static void on_stats_signal(int sig, siginfo_t *info, void *uctx)
+{
+    int saved_errno = errno;
+    ipcc_stats_write_line(-1);
+    errno = saved_errno;
+    chain_previous(sig, info, uctx);
+}
+
+/* Installed at the first intercepted IPC call, never earlier: a process that
+ * does not use IPC keeps its signal dispositions. A handler that was already
+ * there is called after ours. */
+void ipcc_stats_install_handler(void)
+{
+    int sig = ipcc_config.stats_signal;
+    if (sig == 0)
+        return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_stats_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(sig, &sa, &previous_action) != 0)
+        ipcc_log(IPCC_LOG_WARN, "cannot install the stats handler for signal %d", sig);
+}
