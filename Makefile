@@ -54,7 +54,7 @@ $(LIB): $(SHIM_OBJ) shim/ipccache.map
 $(FAKE): tests/fake_cuda.c tests/fake_cuda.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -I$(CUDA_HOME)/include $(SANITIZE) \
-	    -Wl,-soname,libcuda.so.1 -o $@ $< -lpthread
+	    -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $< -lpthread
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
 # The table and the settings parser, tested alone: no CUDA, no preload.
@@ -63,10 +63,16 @@ $(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
 	    shim/log.c $(TEST_LIBS)
 
+# Two libraries defining one symbol: RTLD_NEXT must tell them apart.
+$(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -fPIC -shared $(SANITIZE) -DWHICH=$* -o $@ $< -ldl
+
 # Linked ahead of the stand-in driver, exactly as a preload is searched.
-$(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h $(LIB) $(FAKE)
+$(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h $(LIB) $(FAKE) \
+                         $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $(E2E_SRC) -L$(BUILD) -L$(BUILD)/tests \
-	    -Wl,--no-as-needed -lipccache -lcuda -Wl,--as-needed \
+	    -Wl,--no-as-needed -lipccache -lnext1 -lnext2 -lcuda -Wl,--as-needed \
 	    -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
 # Runs probe under LD_PRELOAD in fresh processes.

@@ -1,0 +1,782 @@
+/*
+ * fake_cuda.c - a stand-in libcuda.so.1 for ipccache's GPU-less tests.
+ *
+ * Mimics the driver's context and IPC semantics (per-context refcounted
+ * mappings, reused context addresses, teardown on context destruction,
+ * versioned cuGetProcAddress) and counts real maps and unmaps, so a test can
+ * tell a cache hit from driver work.  No device memory: addresses are made up.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+
+/* cuda.h renames these to their newest ABI; the real driver exports every
+ * spelling, so the fake must be able to define both. */
+#undef cuIpcOpenMemHandle
+#undef cuGetProcAddress
+#undef cuCtxDestroy
+#undef cuCtxCreate
+#undef cuCtxPushCurrent
+#undef cuCtxPopCurrent
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
+#undef cuMemAlloc
+#undef cuMemFree
+#undef cuMemGetAddressRange
+#undef cuMemcpyHtoD
+#undef cuMemcpyDtoH
+
+#include "fake_cuda.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Spellings freed by the #undefs above; cuda.h declared only the renamed
+ * ones.  cuGetProcAddress here is the 4-argument CUDA 11.3 ABI. */
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle h,
+                                    unsigned int flags);
+CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                  cuuint64_t flags);
+CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx);
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx);
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize,
+                                      CUdeviceptr dptr);
+
+#define MAX_CTX 64
+#define MAX_DEVICES 16
+#define STACK_DEPTH 64
+#define MAX_ALLOCS 1024
+/* Allocation i lives at ALLOC_BASE + i * ALLOC_STRIDE, so a freed slot's
+ * address comes back for the next allocation, as real allocators do. */
+#define ALLOC_BASE 0x100000000000ULL
+#define ALLOC_STRIDE (1ULL << 34)
+#define IPC_BASE 0x7f0000000000ULL
+#define IPC_STRIDE (1ULL << 32)
+
+struct fctx {
+    int used, primary;
+    CUdevice dev;
+    unsigned int flags;
+    unsigned long long id; /* fresh per creation: tells reused slots apart */
+};
+struct fprimary { int active, refs, slot; unsigned int flags; };
+struct falloc { int used; size_t size; uint64_t serial; };
+struct fmap {
+    int ctx;              /* pool slot of the owning context */
+    uint64_t pid, serial; /* the exported allocation */
+    CUdeviceptr addr;
+    size_t size;
+    int refs;
+};
+/* A current-context stack entry; the id detects a slot reused since. */
+struct tls_entry { CUcontext h; unsigned long long id; };
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fctx g_ctx[MAX_CTX];
+static unsigned long long g_next_ctx_id = 1;
+static struct fprimary g_primary[MAX_DEVICES];
+static struct falloc g_alloc[MAX_ALLOCS];
+static uint64_t g_next_serial = 1;
+static struct fmap *g_maps;
+static size_t g_nmaps, g_capmaps;
+static struct fakecuda_counters g_cnt;
+static int g_deinit;
+static pthread_once_t g_atexit_once = PTHREAD_ONCE_INIT;
+
+static __thread struct tls_entry t_stack[STACK_DEPTH];
+static __thread int t_depth;
+
+#define CHECK_DEINIT() do { if (is_deinit()) return CUDA_ERROR_DEINITIALIZED; } while (0)
+
+/* ---- environment and small helpers ---- */
+
+static long env_long(const char *name, long dflt)
+{
+    const char *s = getenv(name);
+    char *end;
+    if (!s || !*s) return dflt;
+    long v = strtol(s, &end, 10);
+    return *end ? dflt : v;
+}
+
+/* Read on every use so a test may change them with setenv() between calls. */
+static int driver_version(void) { return (int)env_long("FAKECUDA_DRIVER_VERSION", 13000); }
+static int no_ctxgetid(void) { return env_long("FAKECUDA_NO_CTXGETID", 0) != 0; }
+
+static int device_count(void)
+{
+    long n = env_long("FAKECUDA_DEVICES", 2);
+    return n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : (int)n;
+}
+
+static int valid_device(CUdevice dev) { return dev >= 0 && dev < device_count(); }
+static int is_deinit(void) { return __atomic_load_n(&g_deinit, __ATOMIC_ACQUIRE); }
+static void lock(void) { pthread_mutex_lock(&g_lock); }
+static void unlock(void) { pthread_mutex_unlock(&g_lock); }
+static CUresult unlock_ret(CUresult rc) { unlock(); return rc; }
+
+/* ---- contexts (lock held unless noted) ---- */
+
+static CUcontext handle_of(int slot) { return (CUcontext)(void *)&g_ctx[slot]; }
+
+/* Pool slot of a live context, or -1.  Works on any pointer value, so a
+ * stale or garbage handle yields an error instead of a crash. */
+static int slot_of(CUcontext c)
+{
+    uintptr_t p = (uintptr_t)c, base = (uintptr_t)g_ctx;
+    if (p < base || p >= base + sizeof g_ctx || (p - base) % sizeof g_ctx[0]) return -1;
+    int s = (int)((p - base) / sizeof g_ctx[0]);
+    return g_ctx[s].used ? s : -1;
+}
+
+/* The calling thread's current context, -1 if none or destroyed since. */
+static int current_slot(void)
+{
+    if (t_depth == 0) return -1;
+    struct tls_entry *e = &t_stack[t_depth - 1];
+    int s = slot_of(e->h);
+    return s >= 0 && g_ctx[s].id == e->id ? s : -1;
+}
+
+/* Lowest free slot, so a destroy + create hands out the same address. */
+static int ctx_alloc(CUdevice dev, unsigned int flags, int primary)
+{
+    for (int s = 0; s < MAX_CTX; s++) {
+        if (!g_ctx[s].used) {
+            g_ctx[s] = (struct fctx){1, primary, dev, flags, g_next_ctx_id++};
+            return s;
+        }
+    }
+    return -1;
+}
+
+static void push_current(int s)
+{
+    t_stack[t_depth++] = (struct tls_entry){handle_of(s), g_ctx[s].id};
+}
+
+static void remove_map(size_t i)
+{
+    g_maps[i] = g_maps[--g_nmaps];
+    g_cnt.live_mappings--;
+}
+
+static void ctx_destroy(int s)
+{
+    /* The driver unmaps everything the context had open. */
+    for (size_t i = g_nmaps; i-- > 0;) {
+        if (g_maps[i].ctx == s) {
+            remove_map(i);
+            g_cnt.teardown_unmaps++;
+        }
+    }
+    if (g_ctx[s].primary) {
+        g_primary[g_ctx[s].dev].active = 0;
+        g_primary[g_ctx[s].dev].refs = 0;
+    }
+    /* Only this thread's stack is cleaned; others keep a dangling entry. */
+    int kept = 0;
+    for (int i = 0; i < t_depth; i++)
+        if (t_stack[i].h != handle_of(s)) t_stack[kept++] = t_stack[i];
+    t_depth = kept;
+    g_ctx[s].used = 0;
+}
+
+/* ---- initialization, devices, errors ---- */
+
+static void register_deinit_at_exit(void)
+{
+    /* atexit runs handlers last-in first-out: anything registered before
+     * cuInit (a library's load-time handler, its destructor) runs after
+     * this and meets a torn-down driver, as after cudart's teardown. */
+    if (env_long("FAKECUDA_DEINIT_AT_EXIT", 0) == 1)
+        atexit(fakecuda_deinit);
+}
+
+CUresult CUDAAPI cuInit(unsigned int flags)
+{
+    CHECK_DEINIT();
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_once(&g_atexit_once, register_deinit_at_exit);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDriverGetVersion(int *v)
+{
+    CHECK_DEINIT();
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = driver_version();
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    CHECK_DEINIT();
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int *count)
+{
+    CHECK_DEINIT();
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = device_count();
+    return CUDA_SUCCESS;
+}
+
+#define ERR(code, text) {code, #code, text}
+static const struct {
+    CUresult code;
+    const char *name, *text;
+} g_errors[] = {
+    ERR(CUDA_SUCCESS, "no error"),
+    ERR(CUDA_ERROR_INVALID_VALUE, "invalid argument"),
+    ERR(CUDA_ERROR_OUT_OF_MEMORY, "out of memory"),
+    ERR(CUDA_ERROR_NOT_INITIALIZED, "initialization error"),
+    ERR(CUDA_ERROR_DEINITIALIZED, "driver shutting down"),
+    ERR(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"),
+    ERR(CUDA_ERROR_INVALID_CONTEXT, "invalid device context"),
+    ERR(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
+    ERR(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed"),
+    ERR(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),
+    ERR(CUDA_ERROR_UNKNOWN, "unknown error"),
+};
+
+/* Pure table lookups: they keep working after deinit, like the real ones. */
+static CUresult error_lookup(CUresult e, const char **out, int want_name)
+{
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++) {
+        if (g_errors[i].code == e) {
+            *out = want_name ? g_errors[i].name : g_errors[i].text;
+            return CUDA_SUCCESS;
+        }
+    }
+    *out = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuGetErrorString(CUresult e, const char **s) { return error_lookup(e, s, 0); }
+CUresult CUDAAPI cuGetErrorName(CUresult e, const char **s) { return error_lookup(e, s, 1); }
+
+/* ---- context API ---- */
+
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    CHECK_DEINIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    lock();
+    int s = t_depth < STACK_DEPTH ? ctx_alloc(dev, flags, 0) : -1;
+    if (s >= 0) {
+        push_current(s);
+        *pctx = handle_of(s);
+    }
+    unlock();
+    return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+/* What CUDA 13's cuda.h calls cuCtxCreate; creation parameters ignored. */
+CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params,
+                                unsigned int flags, CUdevice dev)
+{
+    (void)params;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
+{
+    CHECK_DEINIT();
+    lock();
+    int s = slot_of(ctx);
+    if (s >= 0)
+        ctx_destroy(s);
+    unlock();
+    return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx)
+{
+    CHECK_DEINIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = t_depth ? t_stack[t_depth - 1].h : NULL;
+    return CUDA_SUCCESS;
+}
+
+/* Pushes (push != 0) or replaces the top of the stack with ctx. */
+static CUresult make_current(CUcontext ctx, int push)
+{
+    CHECK_DEINIT();
+    lock();
+    int s = slot_of(ctx);
+    if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    if (push && t_depth == STACK_DEPTH) return unlock_ret(CUDA_ERROR_OUT_OF_MEMORY);
+    if (!push && t_depth > 0) t_depth--;
+    push_current(s);
+    return unlock_ret(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
+{
+    CHECK_DEINIT();
+    if (!ctx) { /* NULL pops, as documented */
+        if (t_depth > 0) t_depth--;
+        return CUDA_SUCCESS;
+    }
+    return make_current(ctx, 0);
+}
+
+CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) { return make_current(ctx, 1); }
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) { return make_current(ctx, 1); }
+
+CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CHECK_DEINIT();
+    if (t_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    t_depth--;
+    if (pctx) *pctx = t_stack[t_depth].h;
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
+
+CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *id)
+{
+    CHECK_DEINIT();
+    if (no_ctxgetid()) return CUDA_ERROR_NOT_SUPPORTED; /* a pre-12.0 driver */
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    int s = ctx ? slot_of(ctx) : current_slot();
+    if (s >= 0) *id = g_ctx[s].id;
+    unlock();
+    return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult CUDAAPI cuCtxGetDevice(CUdevice *dev)
+{
+    CHECK_DEINIT();
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    int s = current_slot();
+    if (s >= 0) *dev = g_ctx[s].dev;
+    unlock();
+    return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* ---- primary contexts ---- */
+
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CHECK_DEINIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    lock();
+    struct fprimary *p = &g_primary[dev];
+    if (!p->active) {
+        int s = ctx_alloc(dev, p->flags, 1);
+        if (s < 0) return unlock_ret(CUDA_ERROR_OUT_OF_MEMORY);
+        p->active = 1;
+        p->slot = s;
+    }
+    p->refs++;
+    *pctx = handle_of(p->slot); /* not made current, as documented */
+    return unlock_ret(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CHECK_DEINIT();
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    lock();
+    struct fprimary *p = &g_primary[dev];
+    CUresult rc = p->active ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (p->active && --p->refs == 0)
+        ctx_destroy(p->slot);
+    unlock();
+    return rc;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+
+CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CHECK_DEINIT();
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    lock();
+    if (g_primary[dev].active)
+        ctx_destroy(g_primary[dev].slot);
+    unlock();
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+
+CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CHECK_DEINIT();
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    lock();
+    *flags = g_primary[dev].flags;
+    *active = g_primary[dev].active;
+    unlock();
+    return CUDA_SUCCESS;
+}
+
+/* ---- allocations ---- */
+
+static CUdeviceptr alloc_addr(int i) { return ALLOC_BASE + (CUdeviceptr)i * ALLOC_STRIDE; }
+
+/* Index of the live allocation containing dptr (exact base if base_only). */
+static int alloc_find(CUdeviceptr dptr, int base_only)
+{
+    if (dptr < ALLOC_BASE) return -1;
+    CUdeviceptr i = (dptr - ALLOC_BASE) / ALLOC_STRIDE;
+    if (i >= MAX_ALLOCS || !g_alloc[i].used) return -1;
+    CUdeviceptr off = dptr - alloc_addr((int)i);
+    if (base_only ? off != 0 : off >= g_alloc[i].size) return -1;
+    return (int)i;
+}
+
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
+{
+    CHECK_DEINIT();
+    if (!dptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    if (current_slot() < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    for (int i = 0; i < MAX_ALLOCS && bytes <= ALLOC_STRIDE; i++) {
+        if (!g_alloc[i].used) {
+            /* A fresh serial even when the address is reused. */
+            g_alloc[i] = (struct falloc){1, bytes, g_next_serial++};
+            *dptr = alloc_addr(i);
+            return unlock_ret(CUDA_SUCCESS);
+        }
+    }
+    return unlock_ret(CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
+{
+    CHECK_DEINIT();
+    lock();
+    int i = alloc_find(dptr, 1);
+    if (i >= 0) g_alloc[i].used = 0;
+    unlock();
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- IPC handles and mappings ---- */
+
+static void make_handle(CUipcMemHandle *out, uint64_t pid, uint64_t serial, uint64_t bytes)
+{
+    memset(out, 0, sizeof *out);
+    memcpy(out->reserved, FAKECUDA_HANDLE_MAGIC, 8);
+    memcpy(out->reserved + 8, &pid, 8);
+    memcpy(out->reserved + 16, &serial, 8);
+    memcpy(out->reserved + 24, &bytes, 8);
+}
+
+/* Also rejects the all-zero handle, whose magic is wrong. */
+static int parse_handle(const CUipcMemHandle *h, uint64_t *pid, uint64_t *serial, uint64_t *bytes)
+{
+    if (memcmp(h->reserved, FAKECUDA_HANDLE_MAGIC, 8) != 0) return 0;
+    memcpy(pid, h->reserved + 8, 8);
+    memcpy(serial, h->reserved + 16, 8);
+    memcpy(bytes, h->reserved + 24, 8);
+    return 1;
+}
+
+CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
+{
+    CHECK_DEINIT();
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    int i = alloc_find(dptr, 1);
+    if (i >= 0)
+        make_handle(h, (uint64_t)getpid(), g_alloc[i].serial, g_alloc[i].size);
+    unlock();
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static struct fmap *map_of_alloc(int s, uint64_t pid, uint64_t serial)
+{
+    for (size_t i = 0; i < g_nmaps; i++)
+        if (g_maps[i].ctx == s && g_maps[i].pid == pid && g_maps[i].serial == serial)
+            return &g_maps[i];
+    return NULL;
+}
+
+/* Index of the mapping in context s containing dptr (exact base if base_only). */
+static long map_find(int s, CUdeviceptr dptr, int base_only)
+{
+    for (size_t i = 0; i < g_nmaps; i++) {
+        struct fmap *m = &g_maps[i];
+        size_t span = m->size ? m->size : 1;
+        if (m->ctx == s && (base_only ? dptr == m->addr : dptr - m->addr < span)) return (long)i;
+    }
+    return -1;
+}
+
+/* Deterministic per serial; probes on past a clash inside the context. */
+static CUdeviceptr pick_addr(int s, uint64_t serial)
+{
+    CUdeviceptr a = IPC_BASE + serial * IPC_STRIDE;
+    while (a == 0 || map_find(s, a, 1) >= 0)
+        a += IPC_STRIDE;
+    return a;
+}
+
+static CUresult add_map(int s, uint64_t pid, uint64_t serial, uint64_t bytes, CUdeviceptr *out)
+{
+    if (g_nmaps == g_capmaps) {
+        size_t cap = g_capmaps ? 2 * g_capmaps : 64;
+        struct fmap *n = realloc(g_maps, cap * sizeof *n);
+        if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
+        g_maps = n;
+        g_capmaps = cap;
+    }
+    CUdeviceptr a = pick_addr(s, serial);
+    g_maps[g_nmaps++] = (struct fmap){s, pid, serial, a, (size_t)bytes, 1};
+    g_cnt.maps++;
+    g_cnt.live_mappings++;
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+/* Lock held.  Returns 1 with *rc set if the handle is already mapped (or
+ * the open cannot proceed), 0 if the caller must map it. */
+static int open_precheck(int s, unsigned long long ctx_id, uint64_t pid, uint64_t serial,
+                         CUdeviceptr *pdptr, CUresult *rc)
+{
+    struct fmap *m;
+    if (is_deinit()) {
+        *rc = CUDA_ERROR_DEINITIALIZED;
+    } else if (!g_ctx[s].used || g_ctx[s].id != ctx_id) { /* destroyed meanwhile */
+        *rc = CUDA_ERROR_INVALID_CONTEXT;
+    } else if ((m = map_of_alloc(s, pid, serial)) != NULL) {
+        m->refs++;
+        *pdptr = m->addr;
+        *rc = CUDA_SUCCESS;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Lock held; may drop it while "mapping".  Refcounts an existing mapping
+ * of the allocation in context s, or creates one. */
+static CUresult map_or_ref(int s, uint64_t pid, uint64_t serial, uint64_t bytes,
+                           CUdeviceptr *pdptr)
+{
+    unsigned long long ctx_id = g_ctx[s].id;
+    CUresult rc;
+    if (open_precheck(s, ctx_id, pid, serial, pdptr, &rc)) return rc;
+    long delay = env_long("FAKECUDA_OPEN_DELAY_US", 0);
+    if (delay > 0) {
+        /* A slow map must not stall other threads' driver calls, so sleep
+         * unlocked, then re-check: the world may have moved on meanwhile. */
+        unlock();
+        usleep((useconds_t)delay);
+        lock();
+        if (open_precheck(s, ctx_id, pid, serial, pdptr, &rc)) return rc;
+    }
+    return add_map(s, pid, serial, bytes, pdptr);
+}
+
+static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned int flags)
+{
+    uint64_t pid, serial, bytes;
+    lock();
+    g_cnt.open_calls++;
+    int s = current_slot();
+    if (is_deinit()) return unlock_ret(CUDA_ERROR_DEINITIALIZED);
+    if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    if (!pdptr || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS ||
+        !parse_handle(&h, &pid, &serial, &bytes))
+        return unlock_ret(CUDA_ERROR_INVALID_VALUE);
+    if (pid == (uint64_t)getpid()) /* the driver refuses one's own exports */
+        return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    return unlock_ret(map_or_ref(s, pid, serial, bytes, pdptr));
+}
+
+CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned int flags)
+{
+    return ipc_open(pdptr, h, flags);
+}
+
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned int flags)
+{
+    return ipc_open(pdptr, h, flags);
+}
+
+CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    lock();
+    g_cnt.close_calls++;
+    int s = current_slot();
+    if (is_deinit()) return unlock_ret(CUDA_ERROR_DEINITIALIZED);
+    if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    long i = map_find(s, dptr, 1);
+    if (i < 0) return unlock_ret(CUDA_ERROR_INVALID_VALUE); /* incl. double close */
+    if (--g_maps[i].refs == 0) {
+        remove_map((size_t)i);
+        g_cnt.unmaps++;
+    }
+    return unlock_ret(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    CHECK_DEINIT();
+    lock();
+    int s = current_slot();
+    if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    long m = map_find(s, dptr, 0);
+    int a = alloc_find(dptr, 0);
+    if (m < 0 && a < 0) return unlock_ret(CUDA_ERROR_INVALID_VALUE);
+    if (pbase) *pbase = m >= 0 ? g_maps[m].addr : alloc_addr(a);
+    if (psize) *psize = m >= 0 ? g_maps[m].size : g_alloc[a].size;
+    return unlock_ret(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    return cuMemGetAddressRange_v2(pbase, psize, dptr);
+}
+
+/* ---- cuGetProcAddress ---- */
+
+#define SYM(name, ver, fn) {name, ver, (void *)fn}
+static const struct {
+    const char *name;
+    int version; /* driver version that introduced this ABI */
+    void *fn;
+} g_syms[] = {
+    SYM("cuInit", 2000, cuInit),
+    SYM("cuDriverGetVersion", 2000, cuDriverGetVersion),
+    SYM("cuDeviceGet", 2000, cuDeviceGet),
+    SYM("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    SYM("cuGetErrorString", 2000, cuGetErrorString),
+    SYM("cuGetErrorName", 2000, cuGetErrorName),
+    SYM("cuCtxCreate", 2000, cuCtxCreate),
+    SYM("cuCtxCreate", 3020, cuCtxCreate_v2),
+    SYM("cuCtxDestroy", 2000, cuCtxDestroy),
+    SYM("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    SYM("cuCtxGetCurrent", 2000, cuCtxGetCurrent),
+    SYM("cuCtxSetCurrent", 2000, cuCtxSetCurrent),
+    SYM("cuCtxPushCurrent", 2000, cuCtxPushCurrent),
+    SYM("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+    SYM("cuCtxPopCurrent", 2000, cuCtxPopCurrent),
+    SYM("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    SYM("cuCtxGetId", 12000, cuCtxGetId),
+    SYM("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    SYM("cuDevicePrimaryCtxRetain", 2000, cuDevicePrimaryCtxRetain),
+    SYM("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
+    SYM("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    SYM("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
+    SYM("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    SYM("cuDevicePrimaryCtxGetState", 2000, cuDevicePrimaryCtxGetState),
+    SYM("cuMemAlloc", 3020, cuMemAlloc_v2),
+    SYM("cuMemFree", 3020, cuMemFree_v2),
+    SYM("cuMemGetAddressRange", 2000, cuMemGetAddressRange),
+    SYM("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    SYM("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    SYM("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle),
+    SYM("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    SYM("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    SYM("cuGetProcAddress", 11030, cuGetProcAddress),
+    SYM("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+};
+
+/* Works before cuInit, as in the real driver. */
+CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                     cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    lock();
+    g_cnt.resolver_calls++;
+    unlock();
+    CHECK_DEINIT();
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    if (flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM || version > driver_version())
+        return CUDA_ERROR_INVALID_VALUE;
+    int known = 0, best = -1;
+    for (int i = 0; i < (int)(sizeof g_syms / sizeof g_syms[0]); i++) {
+        if (strcmp(g_syms[i].name, symbol) != 0) continue;
+        known = 1;
+        if (g_syms[i].version <= version && (best < 0 || g_syms[i].version > g_syms[best].version))
+            best = i;
+    }
+    if (no_ctxgetid() && strcmp(symbol, "cuCtxGetId") == 0)
+        known = 0, best = -1; /* a pre-12.0 driver never heard of it */
+    CUdriverProcAddressQueryResult st = !known ? CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+                                        : best < 0 ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                                                   : CU_GET_PROC_ADDRESS_SUCCESS;
+    if (best >= 0) *pfn = g_syms[best].fn;
+    if (status) *status = st;
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
+/* ---- test hooks ---- */
+
+void fakecuda_get_counters(struct fakecuda_counters *out)
+{
+    lock();
+    *out = g_cnt;
+    unlock();
+}
+
+void fakecuda_make_foreign_handle(CUipcMemHandle *out, uint64_t alloc_serial, uint64_t bytes)
+{
+    make_handle(out, (uint64_t)getpid() + 1, alloc_serial, bytes);
+}
+
+int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr)
+{
+    lock();
+    int s = ctx ? slot_of(ctx) : current_slot();
+    long i = s >= 0 ? map_find(s, dptr, 1) : -1;
+    int refs = i >= 0 ? g_maps[i].refs : 0;
+    unlock();
+    return refs;
+}
+
+void fakecuda_deinit(void) { __atomic_store_n(&g_deinit, 1, __ATOMIC_RELEASE); }
+
+const char *fakecuda_handle_magic(void) { return FAKECUDA_HANDLE_MAGIC; }
+
+/* Runs at unload, after the process's atexit handlers, so the line shows
+ * what was left mapped when everything else had finished. */
+__attribute__((destructor)) static void write_counters_at_exit(void)
+{
+    const char *path = getenv("FAKECUDA_COUNTERS_AT_EXIT");
+    FILE *f = path && *path ? fopen(path, "a") : NULL;
+    if (!f) return;
+    struct fakecuda_counters c;
+    fakecuda_get_counters(&c);
+    fprintf(f, "maps=%" PRIu64 " unmaps=%" PRIu64 " teardown_unmaps=%" PRIu64
+            " open_calls=%" PRIu64 " close_calls=%" PRIu64 " live=%" PRId64 "\n",
+            c.maps, c.unmaps, c.teardown_unmaps, c.open_calls, c.close_calls, c.live_mappings);
+    fclose(f);
+}

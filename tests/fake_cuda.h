@@ -1,0 +1,59 @@
+/*
+ * fake_cuda.h - test hooks of the stand-in libcuda.so.1 (tests/fake_cuda.c).
+ *
+ * The fake mimics the CUDA driver's IPC semantics closely enough for
+ * ipccache's tests to run without a GPU, and counts what a real driver would
+ * really have done (maps, unmaps) so tests can tell cache hits from driver
+ * work.  Includable next to <cuda.h> in C (or C++) test files.
+ */
+#ifndef IPCCACHE_TESTS_FAKE_CUDA_H
+#define IPCCACHE_TESTS_FAKE_CUDA_H
+
+#include <stdint.h>
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* First 8 bytes of every handle the fake produces. */
+#define FAKECUDA_HANDLE_MAGIC "FAKEIPC1"
+
+struct fakecuda_counters {
+    uint64_t maps;            /* opens that created a new driver mapping */
+    uint64_t unmaps;          /* closes that dropped the last reference */
+    uint64_t teardown_unmaps; /* mappings dropped by context destruction */
+    uint64_t open_calls;      /* every cuIpcOpenMemHandle{,_v2} call */
+    uint64_t close_calls;     /* every cuIpcCloseMemHandle call */
+    uint64_t resolver_calls;  /* every cuGetProcAddress{,_v2} call */
+    int64_t live_mappings;    /* mappings that exist right now */
+};
+
+void fakecuda_get_counters(struct fakecuda_counters *out);
+
+/* A handle as if exported by another process (pid != getpid()), so that
+ * opening it succeeds.  Same (serial, bytes) -> same handle. */
+void fakecuda_make_foreign_handle(CUipcMemHandle *out, uint64_t alloc_serial,
+                                  uint64_t bytes);
+
+/* Driver-side refcount of the mapping at base dptr in ctx (NULL: the
+ * calling thread's current context); 0 if there is none. */
+int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr);
+
+/* From now on every driver call returns CUDA_ERROR_DEINITIALIZED, as after
+ * cudart's exit-time teardown. */
+void fakecuda_deinit(void);
+
+/* "FAKEIPC1" */
+const char *fakecuda_handle_magic(void);
+
+/* CUDA 13's <cuda.h> no longer declares the 3-argument context creator (its
+ * cuCtxCreate macro means cuCtxCreate_v4); the fake exports it. */
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags,
+                                CUdevice dev);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IPCCACHE_TESTS_FAKE_CUDA_H */

@@ -1,0 +1,166 @@
+/*
+ * test_hits.c - the cache keeps the driver's contract: hits return the
+ * driver's pointer without a driver call, closes keep mappings idle, and
+ * every error is the driver's own.
+ */
+#include "testutil.h"
+
+/* A second open of one handle is served from the cache: same pointer, no map. */
+Test(hits, second_open_is_a_hit, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h = tu_handle(1, 1 << 20);
+    CUdeviceptr a = tu_open(h);
+    tu_close(a);
+    CUdeviceptr b = tu_open(h);
+    cr_assert_eq(a, b);
+    cr_assert_eq(tu_driver().maps, 1);
+    cr_assert_eq(tu_driver().open_calls, 1);
+    tu_close(b);
+}
+
+/* After the application closes, the mapping stays: the driver still holds it once. */
+Test(hits, close_keeps_mapping_idle, .timeout = 10)
+{
+    tu_context();
+    CUdeviceptr p = tu_open(tu_handle(2, 4096));
+    tu_close(p);
+    cr_assert_eq(tu_driver().unmaps, 0);
+    cr_assert_eq(fakecuda_refcount(NULL, p), 1);
+    cr_assert_eq(tu_driver().close_calls, 0);
+}
+
+/* Nested opens count references like the driver: two opens need two closes. */
+Test(hits, nested_opens_need_as_many_closes, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h = tu_handle(3, 4096);
+    CUdeviceptr a = tu_open(h), b = tu_open(h);
+    cr_assert_eq(a, b);
+    tu_close(a);
+    tu_close(b);
+    cr_assert_eq(cuIpcCloseMemHandle(a), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(fakecuda_refcount(NULL, a), 1, "the driver keeps exactly one reference");
+}
+
+/* Different handles get different mappings. */
+Test(hits, distinct_handles_distinct_mappings, .timeout = 10)
+{
+    tu_context();
+    CUdeviceptr a = tu_open(tu_handle(4, 4096));
+    CUdeviceptr b = tu_open(tu_handle(5, 4096));
+    cr_assert_neq(a, b);
+    cr_assert_eq(tu_driver().maps, 2);
+}
+
+/* The v1 and v2 entry points share one cache (the same driver mapping). */
+Test(hits, v1_and_v2_share_entries, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h = tu_handle(6, 4096);
+    CUdeviceptr a = 0, b = 0;
+    cr_assert_eq(cuIpcOpenMemHandle_v2(&a, h, 1), CUDA_SUCCESS);
+    CUresult (*v1)(CUdeviceptr *, CUipcMemHandle, unsigned) =
+        (CUresult(*)(CUdeviceptr *, CUipcMemHandle, unsigned))dlsym(RTLD_DEFAULT, "cuIpcOpenMemHandle");
+    cr_assert_not_null(v1);
+    cr_assert_eq(v1(&b, h, 1), CUDA_SUCCESS);
+    cr_assert_eq(a, b);
+    cr_assert_eq(tu_driver().maps, 1);
+}
+
+/* The same handle in two contexts is two mappings, each in its own context. */
+Test(hits, contexts_do_not_share, .timeout = 10)
+{
+    CUcontext c1 = tu_context();
+    CUipcMemHandle h = tu_handle(7, 4096);
+    CUdeviceptr a = tu_open(h);
+    tu_close(a);
+    CUcontext c2 = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    cr_assert_neq(c1, c2);
+    CUdeviceptr b = tu_open(h);
+    cr_assert_eq(tu_driver().maps, 2);
+    cr_assert_eq(fakecuda_refcount(c2, b), 1);
+    cr_assert_eq(fakecuda_refcount(c1, a), 1);
+}
+
+/* A double close past zero gives what the driver gives: INVALID_VALUE. */
+Test(hits, double_close_is_invalid_value, .timeout = 10)
+{
+    tu_context();
+    CUdeviceptr p = tu_open(tu_handle(8, 4096));
+    tu_close(p);
+    cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* A pointer the cache never saw goes to the driver, whose answer comes back. */
+Test(hits, unknown_pointer_is_the_drivers_answer, .timeout = 10)
+{
+    tu_context();
+    cr_assert_eq(cuIpcCloseMemHandle(0x1234500), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(tu_driver().close_calls, 1);
+}
+
+/* A zero handle is refused by the driver, and never cached. */
+Test(hits, zero_handle_is_invalid_value, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle zero;
+    memset(&zero, 0, sizeof(zero));
+    CUdeviceptr p = 0;
+    cr_assert_eq(cuIpcOpenMemHandle(&p, zero, 1), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuIpcOpenMemHandle(&p, zero, 1), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(tu_driver().open_calls, 2);
+}
+
+/* Flags 0 are refused even for a handle that is cached with valid flags. */
+Test(hits, flags_zero_refused_even_when_cached, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h = tu_handle(9, 4096);
+    CUdeviceptr p = tu_open(h), q = 0;
+    tu_close(p);
+    cr_assert_eq(cuIpcOpenMemHandle(&q, h, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(q, 0);
+}
+
+/* Without a current context both calls return the driver's 201. */
+Test(hits, no_context_is_the_drivers_error, .timeout = 10)
+{
+    CUdeviceptr p = 0;
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    cr_assert_eq(cuIpcOpenMemHandle(&p, tu_handle(10, 4096), 1), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuIpcCloseMemHandle(0x1000), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+/* Opening our own export fails in the driver (201) and is not cached. */
+Test(hits, own_export_is_the_drivers_error, .timeout = 10)
+{
+    tu_context();
+    CUdeviceptr mine = 0, p = 0;
+    CUipcMemHandle h;
+    cr_assert_eq(cuMemAlloc_v2(&mine, 1 << 20), CUDA_SUCCESS);
+    cr_assert_eq(cuIpcGetMemHandle(&h, mine), CUDA_SUCCESS);
+    cr_assert_eq(cuIpcOpenMemHandle(&p, h, 1), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuIpcOpenMemHandle(&p, h, 1), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+/* A NULL output pointer goes to the driver even for a cached handle. */
+Test(hits, null_output_is_the_drivers_error, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h = tu_handle(11, 4096);
+    tu_close(tu_open(h));
+    cr_assert_eq(cuIpcOpenMemHandle(NULL, h, 1), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* A new allocation (new handle) is a new mapping, never the old one's. */
+Test(hits, new_allocation_is_a_miss, .timeout = 10)
+{
+    tu_context();
+    CUdeviceptr a = tu_open(tu_handle(12, 4096));
+    tu_close(a);
+    CUdeviceptr b = tu_open(tu_handle(13, 4096));
+    cr_assert_eq(tu_driver().maps, 2);
+    cr_assert_neq(a, b);
+}

@@ -1,0 +1,84 @@
+/*
+ * testutil.h - helpers shared by the in-process tests (test_e2e), which are
+ * linked with libipccache.so ahead of the stand-in driver: the same search
+ * order LD_PRELOAD gives.
+ */
+#ifndef IPCC_TESTUTIL_H
+#define IPCC_TESTUTIL_H
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+#include <cuda.h>
+
+#include "fake_cuda.h"
+
+/* A fresh context on device 0, made current on this thread. */
+static inline CUcontext tu_context(void)
+{
+    CUcontext ctx = NULL;
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxCreate_v2(&ctx, 0, 0), CUDA_SUCCESS);
+    return ctx;
+}
+
+/* A handle exported by "another process" for allocation number serial. */
+static inline CUipcMemHandle tu_handle(uint64_t serial, uint64_t bytes)
+{
+    CUipcMemHandle h;
+    fakecuda_make_foreign_handle(&h, serial, bytes);
+    return h;
+}
+
+static inline struct fakecuda_counters tu_driver(void)
+{
+    struct fakecuda_counters c;
+    fakecuda_get_counters(&c);
+    return c;
+}
+
+static inline CUdeviceptr tu_open(CUipcMemHandle h)
+{
+    CUdeviceptr p = 0;
+    cr_assert_eq(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_SUCCESS);
+    cr_assert_neq(p, 0);
+    return p;
+}
+
+static inline void tu_close(CUdeviceptr p)
+{
+    cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_SUCCESS);
+}
+
+/* Reads integer key from the last line of a stats file; -1 if absent. */
+static inline long long tu_stat(const char *path, const char *key)
+{
+    char buf[8192] = { 0 }, pat[64];
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[8192];
+    while (fgets(line, sizeof(line), f))
+        strcpy(buf, line);
+    fclose(f);
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    const char *at = strstr(buf, pat);
+    return at ? strtoll(at + strlen(pat), NULL, 10) : -1;
+}
+
+/* A private stats file for this test process. */
+static inline const char *tu_stats_file(void)
+{
+    static char path[64];
+    snprintf(path, sizeof(path), "/tmp/ipcc-test-%ld.stats", (long)getpid());
+    unlink(path);
+    setenv("IPCCACHE_STATS_FILE", path, 1);
+    return path;
+}
+
+#endif
