@@ -1,0 +1,83 @@
+/*
+ * test_evict.c - idle mappings are bounded: past either cap the least
+ * recently used idle mapping is really closed, in its own context.
+ */
+#include "testutil.h"
+
+/* With room for two idle entries, closing a third evicts the oldest. */
+Test(evict, entry_cap_evicts_least_recently_used, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
+    tu_context();
+    CUdeviceptr a = tu_open(tu_handle(30, 4096));
+    CUdeviceptr b = tu_open(tu_handle(31, 4096));
+    CUdeviceptr c = tu_open(tu_handle(32, 4096));
+    tu_close(a);
+    tu_close(b);
+    tu_close(c);
+    cr_assert_eq(tu_driver().unmaps, 1);
+    cr_assert_eq(fakecuda_refcount(NULL, a), 0, "the oldest idle entry went");
+    cr_assert_eq(fakecuda_refcount(NULL, c), 1);
+    tu_open(tu_handle(30, 4096));
+    cr_assert_eq(tu_driver().maps, 4, "an evicted handle maps again");
+}
+
+/* Reuse refreshes recency: the entry touched last is kept. */
+Test(evict, reuse_refreshes_recency, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
+    tu_context();
+    CUipcMemHandle ha = tu_handle(33, 4096), hb = tu_handle(34, 4096);
+    CUdeviceptr a = tu_open(ha), b = tu_open(hb);
+    tu_close(a);
+    tu_close(b);
+    tu_close(tu_open(ha)); /* a is now the most recent */
+    tu_close(tu_open(tu_handle(35, 4096)));
+    cr_assert_eq(fakecuda_refcount(NULL, b), 0);
+    cr_assert_eq(fakecuda_refcount(NULL, a), 1);
+}
+
+/* The byte cap counts mapping sizes from the driver. */
+Test(evict, byte_cap_evicts, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_BYTES", "3M", 1);
+    tu_context();
+    CUdeviceptr a = tu_open(tu_handle(36, 2 << 20));
+    CUdeviceptr b = tu_open(tu_handle(37, 2 << 20));
+    tu_close(a);
+    cr_assert_eq(tu_driver().unmaps, 0, "2 MiB idle fits under 3 MiB");
+    tu_close(b);
+    cr_assert_eq(tu_driver().unmaps, 1);
+    cr_assert_eq(fakecuda_refcount(NULL, a), 0);
+    cr_assert_eq(fakecuda_refcount(NULL, b), 1);
+}
+
+/* Live mappings are never evicted, whatever the caps. */
+Test(evict, live_mappings_are_never_evicted, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "0", 1);
+    tu_context();
+    CUdeviceptr a = tu_open(tu_handle(38, 4096));
+    CUdeviceptr b = tu_open(tu_handle(39, 4096));
+    tu_close(b);
+    cr_assert_eq(fakecuda_refcount(NULL, a), 1);
+    cr_assert_eq(fakecuda_refcount(NULL, b), 0, "cap 0 keeps nothing idle");
+}
+
+/* An entry of another context is closed in that context, and ours stays current. */
+Test(evict, evicts_in_the_entrys_own_context, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "1", 1);
+    CUcontext c1 = tu_context();
+    CUdeviceptr a = tu_open(tu_handle(40, 4096));
+    tu_close(a);
+    CUcontext c2 = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    CUdeviceptr b = tu_open(tu_handle(41, 4096));
+    tu_close(b);
+    cr_assert_eq(fakecuda_refcount(c1, a), 0, "closed in its own context");
+    cr_assert_eq(fakecuda_refcount(c2, b), 1);
+    CUcontext now = NULL;
+    cuCtxGetCurrent(&now);
+    cr_assert_eq(now, c2);
+}

@@ -1,0 +1,84 @@
+/*
+ * test_teardown.c - a context that dies takes its mappings with it; the
+ * cache must never hand out a mapping of a dead context, even when a new
+ * context appears at the same address.
+ */
+#include "testutil.h"
+
+/* Destroy a context, create another at the same address: a fresh map. */
+Test(teardown, destroyed_context_never_returns_dead_mapping, .timeout = 10)
+{
+    CUcontext c1 = tu_context();
+    CUipcMemHandle h = tu_handle(20, 4096);
+    tu_close(tu_open(h));
+    cr_assert_eq(cuCtxDestroy(c1), CUDA_SUCCESS);
+    CUcontext c2 = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(c1, c2, "the stand-in reuses the address, as drivers may");
+    CUdeviceptr p = tu_open(h);
+    cr_assert_eq(tu_driver().maps, 2);
+    cr_assert_eq(fakecuda_refcount(c2, p), 1);
+}
+
+/* A reset primary context (cudaDeviceReset) gets a fresh mapping too. */
+Test(teardown, primary_reset_forgets_mappings, .timeout = 10)
+{
+    CUcontext pctx = NULL;
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&pctx, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxSetCurrent(pctx), CUDA_SUCCESS);
+    CUipcMemHandle h = tu_handle(21, 4096);
+    tu_close(tu_open(h));
+    cr_assert_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&pctx, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxSetCurrent(pctx), CUDA_SUCCESS);
+    CUdeviceptr p = tu_open(h);
+    cr_assert_eq(tu_driver().maps, 2);
+    cr_assert_eq(fakecuda_refcount(pctx, p), 1);
+}
+
+/* Releasing the last reference of a primary context also invalidates. */
+Test(teardown, primary_release_to_zero_forgets_mappings, .timeout = 10)
+{
+    CUcontext pctx = NULL;
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&pctx, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxSetCurrent(pctx), CUDA_SUCCESS);
+    CUipcMemHandle h = tu_handle(22, 4096);
+    tu_close(tu_open(h));
+    cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&pctx, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxSetCurrent(pctx), CUDA_SUCCESS);
+    tu_open(h);
+    cr_assert_eq(tu_driver().maps, 2);
+}
+
+/* A release that leaves the primary context alive keeps its entries. */
+Test(teardown, primary_release_not_last_keeps_mappings, .timeout = 10)
+{
+    CUcontext pctx = NULL;
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&pctx, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&pctx, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxSetCurrent(pctx), CUDA_SUCCESS);
+    CUipcMemHandle h = tu_handle(23, 4096);
+    tu_close(tu_open(h));
+    cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    tu_close(tu_open(h));
+    cr_assert_eq(tu_driver().maps, 1);
+}
+
+/* Destroying one context leaves another context's entries alone. */
+Test(teardown, other_contexts_survive, .timeout = 10)
+{
+    CUcontext c1 = tu_context();
+    CUipcMemHandle h = tu_handle(24, 4096);
+    tu_close(tu_open(h));
+    CUcontext c2 = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    tu_close(tu_open(h));
+    cr_assert_eq(cuCtxDestroy(c2), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+    tu_close(tu_open(h));
+    cr_assert_eq(tu_driver().maps, 2);
+}

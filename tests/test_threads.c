@@ -1,0 +1,116 @@
+/*
+ * test_threads.c - concurrent opens and closes: no lost references, no
+ * leaked mappings, and a slow real map does not hold up other threads.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "testutil.h"
+
+#define THREADS 16
+#define ROUNDS 2000
+#define HANDLES 4
+
+static CUcontext shared_ctx;
+
+/* Each worker opens and closes a rotating set of handles, sometimes nested. */
+static void *hammer(void *arg)
+{
+    long id = (long)arg;
+    cuCtxSetCurrent(shared_ctx);
+    for (int i = 0; i < ROUNDS; i++) {
+        CUipcMemHandle h = tu_handle(100 + (uint64_t)((i + id) % HANDLES), 1 << 20);
+        CUdeviceptr a = 0, b = 0;
+        if (cuIpcOpenMemHandle(&a, h, 1) != CUDA_SUCCESS)
+            return (void *)1;
+        if (i % 7 == 0 && (cuIpcOpenMemHandle(&b, h, 1) != CUDA_SUCCESS || b != a ||
+                           cuIpcCloseMemHandle(b) != CUDA_SUCCESS))
+            return (void *)2;
+        if (cuIpcCloseMemHandle(a) != CUDA_SUCCESS)
+            return (void *)3;
+    }
+    return NULL;
+}
+
+static void run_threads(void *(*fn)(void *), int n)
+{
+    pthread_t t[THREADS];
+    for (long i = 0; i < n; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, fn, (void *)i), 0);
+    for (int i = 0; i < n; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        cr_assert_null(ret, "thread %d failed at step %ld", i, (long)ret);
+    }
+}
+
+/* 16 threads hammering 4 handles leave exactly one driver mapping each. */
+Test(threads, hammering_keeps_one_mapping_per_handle, .timeout = 60)
+{
+    shared_ctx = tu_context();
+    run_threads(hammer, THREADS);
+    cr_assert_eq(tu_driver().maps, HANDLES);
+    cr_assert_eq(tu_driver().unmaps, 0);
+    for (int i = 0; i < HANDLES; i++) {
+        CUdeviceptr p = tu_open(tu_handle(100 + (uint64_t)i, 1 << 20));
+        cr_assert_eq(fakecuda_refcount(NULL, p), 1, "handle %d", i);
+        tu_close(p);
+    }
+}
+
+static atomic_int racers_ready;
+
+/* All threads miss on the same handle at once (the driver is slow). */
+static void *race_same_handle(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(shared_ctx);
+    atomic_fetch_add(&racers_ready, 1);
+    while (atomic_load(&racers_ready) < 8)
+        ;
+    CUdeviceptr p = 0;
+    if (cuIpcOpenMemHandle(&p, tu_handle(200, 1 << 20), 1) != CUDA_SUCCESS)
+        return (void *)1;
+    return cuIpcCloseMemHandle(p) == CUDA_SUCCESS ? NULL : (void *)2;
+}
+
+/* Concurrent misses on one handle leave one driver reference, not eight. */
+Test(threads, concurrent_misses_leak_nothing, .timeout = 30)
+{
+    setenv("FAKECUDA_OPEN_DELAY_US", "50000", 1);
+    shared_ctx = tu_context();
+    run_threads(race_same_handle, 8);
+    CUdeviceptr p = tu_open(tu_handle(200, 1 << 20));
+    cr_assert_eq(fakecuda_refcount(NULL, p), 1);
+    tu_close(p);
+    cr_assert_eq(tu_driver().maps, 1);
+}
+
+static atomic_int slow_open_done;
+
+static void *slow_open(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(shared_ctx);
+    CUdeviceptr p = 0;
+    CUresult rc = cuIpcOpenMemHandle(&p, tu_handle(301, 1 << 20), 1);
+    atomic_store(&slow_open_done, 1);
+    return rc == CUDA_SUCCESS ? NULL : (void *)1;
+}
+
+/* While one thread waits 2 s in a real map, another thread's hits go on. */
+Test(threads, slow_map_does_not_block_hits, .timeout = 30)
+{
+    shared_ctx = tu_context();
+    CUipcMemHandle hot = tu_handle(300, 1 << 20);
+    tu_close(tu_open(hot));
+    setenv("FAKECUDA_OPEN_DELAY_US", "2000000", 1);
+    pthread_t t;
+    pthread_create(&t, NULL, slow_open, NULL);
+    while (tu_driver().open_calls < 2)
+        usleep(100); /* the slow open is inside the driver now */
+    for (int i = 0; i < 10000; i++)
+        tu_close(tu_open(hot));
+    cr_assert_eq(atomic_load(&slow_open_done), 0, "hits waited for the slow map");
+    pthread_join(t, NULL);
+}
