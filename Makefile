@@ -31,7 +31,7 @@ E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/tes
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe
 
-.PHONY: all test test-sanitize test-gpu bench demo install uninstall clean check-exports
+.PHONY: all test run-tests test-sanitize test-gpu bench demo install uninstall clean check-exports
 
 all: $(LIB)
 
@@ -83,11 +83,19 @@ $(BUILD)/tests/test_process: tests/test_process.c tests/testutil.h $(BUILD)/test
 $(BUILD)/tests/probe: tests/probe.c $(FAKE)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
 
-test: $(LIB) $(FAKE) $(TEST_BINS)
+# Installs missing Debian packages first (as root), then builds and runs.
+test:
+	@bash tests/setup.sh
+	@$(MAKE) --no-print-directory run-tests
+
+run-tests: $(LIB) $(FAKE) $(TEST_BINS)
 	@bash tests/run.sh $(BUILD)
 
 test-sanitize:
-	$(MAKE) BUILD=build/sanitize SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+	@bash tests/setup.sh
+	@$(MAKE) --no-print-directory BUILD=build/sanitize \
+	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	    run-tests
 
 check-exports: $(LIB)
 	@bash tests/check_exports.sh $(LIB) shim/ipccache.map

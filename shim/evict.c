@@ -69,8 +69,14 @@ static void evict_until(uint64_t max_bytes, uint64_t max_entries, int evicted)
     } while (n == BATCH);
 }
 
+/* Called after every close that left an entry idle; the common case, under
+ * both caps, costs two atomic loads and no lock. */
 void ipcc_evict_over_caps(void)
 {
+    const struct ipcc_cache_gauges *g = ipcc_cache_gauges(ipcc_table());
+    if (atomic_load_explicit(&g->idle_bytes, memory_order_relaxed) <= ipcc_config.max_idle_bytes &&
+        atomic_load_explicit(&g->idle, memory_order_relaxed) <= ipcc_config.max_idle_entries)
+        return;
     evict_until(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, 1);
 }
 

@@ -40,6 +40,25 @@ int ipcc_context_id(void *ctx, uint64_t *id)
     return 0;
 }
 
+/*
+ * Each thread remembers the id of the context it last used. The memory is
+ * valid while no context has been torn down since: every teardown entry
+ * point bumps the generation (hooks.c), which forgets all of them at once.
+ * This saves a driver call on every hit.
+ */
+static _Atomic uint64_t context_generation = 1;
+
+static __thread struct {
+    void *ctx;
+    uint64_t id;
+    uint64_t generation;
+} last_context __attribute__((tls_model("initial-exec")));
+
+void ipcc_contexts_changing(void)
+{
+    atomic_fetch_add_explicit(&context_generation, 1, memory_order_release);
+}
+
 /* The calling thread's current context; -1 if there is none (the driver
  * then answers the call itself, with its own error). */
 static int current_context(void **ctx, uint64_t *id)
@@ -47,7 +66,17 @@ static int current_context(void **ctx, uint64_t *id)
     const struct ipcc_driver *d = ipcc_driver();
     if (!d->ctx_get_current || d->ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx)
         return -1;
-    return ipcc_context_id(*ctx, id);
+    uint64_t generation = atomic_load_explicit(&context_generation, memory_order_acquire);
+    if (*ctx == last_context.ctx && generation == last_context.generation) {
+        *id = last_context.id;
+        return 0;
+    }
+    if (ipcc_context_id(*ctx, id) < 0)
+        return -1;
+    last_context.ctx = *ctx;
+    last_context.id = *id;
+    last_context.generation = generation;
+    return 0;
 }
 
 /* ---- pass-through ------------------------------------------------------- */

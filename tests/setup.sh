@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Makes sure the test suite's build dependencies are present: installs the
+# missing Debian packages when run as root, otherwise says what to run.
+set -euo pipefail
+
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+missing=()
+[ -f /usr/include/uthash.h ] || missing+=(uthash-dev)
+[ -f /usr/include/criterion/criterion.h ] || missing+=(libcriterion-dev)
+command -v cc >/dev/null 2>&1 && command -v make >/dev/null 2>&1 || missing+=(build-essential)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "setup: missing packages; run: sudo apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+
+if [ ! -f "$cuda_home/include/cuda.h" ]; then
+    echo "setup: no CUDA headers at $cuda_home/include/cuda.h; install the CUDA toolkit" \
+         "or set CUDA_HOME" >&2
+    exit 1
+fi
