@@ -63,6 +63,7 @@ static void after_fork_child(void)
     init_lock();
     ipcc_cache_clear(table);
     ipcc_stats_reset();
+    ipcc_contexts_changing();
 }
 
 /* ---- exit --------------------------------------------------------------- */
