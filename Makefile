@@ -76,7 +76,7 @@ $(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h $(LIB) $(FAKE) \
 	    -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
 # Runs probe under LD_PRELOAD in fresh processes.
-$(BUILD)/tests/test_process: tests/test_process.c tests/testutil.h $(BUILD)/tests/probe
+$(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/test_process.c $(TEST_LIBS)
 
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
@@ -102,10 +102,10 @@ check-exports: $(LIB)
 
 # ---- real GPU ----------------------------------------------------------------
 
-test-gpu: $(LIB)
+test-gpu: | $(LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tests/gpu/run.sh
 
-bench: $(LIB)
+bench: | $(LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
 
 demo: $(LIB) $(FAKE) $(BUILD)/tests/probe

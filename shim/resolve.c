@@ -23,6 +23,11 @@
 
 void *(*ipcc_real_dlsym)(void *, const char *);
 
+/* The dlsym path runs inside sanitizer runtimes' own start-up (ASan looks up
+ * mmap with dlsym before its shadow memory exists), so it is never
+ * instrumented. */
+#define NOT_SANITIZED __attribute__((no_sanitize("address", "undefined")))
+
 static pthread_once_t real_dlsym_once = PTHREAD_ONCE_INIT;
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static struct ipcc_driver driver;
@@ -32,7 +37,7 @@ static struct ipcc_driver driver;
 /* The public dlsym is ours, and glibc >= 2.34 has no private alias: ask for
  * the next definition by version. 2.34 first (the current one), then the
  * original x86-64 version for older glibc. */
-static void find_real_dlsym(void)
+NOT_SANITIZED static void find_real_dlsym(void)
 {
     static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5" };
     for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
@@ -46,14 +51,14 @@ static void find_real_dlsym(void)
     abort();
 }
 
-static void ensure_real_dlsym(void)
+NOT_SANITIZED static void ensure_real_dlsym(void)
 {
     pthread_once(&real_dlsym_once, find_real_dlsym);
 }
 
 /* ---- the hook table ----------------------------------------------------- */
 
-static struct ipcc_hook *hook_by_symbol(const char *symbol)
+NOT_SANITIZED static struct ipcc_hook *hook_by_symbol(const char *symbol)
 {
     /* Every hooked name starts with "cu": most lookups stop here. */
     if (symbol[0] != 'c' || symbol[1] != 'u')
@@ -174,7 +179,7 @@ void *ipcc_resolve_substitute(const char *symbol, int version, void *real)
  * for a hooked name that the real lookup finds; returns NULL to let the
  * trampoline jump to the real dlsym with the caller's own arguments.
  */
-void *ipcc_dlsym_hook(void *handle, const char *name)
+NOT_SANITIZED void *ipcc_dlsym_hook(void *handle, const char *name)
 {
     ensure_real_dlsym();
     if (!name)

@@ -120,6 +120,14 @@ static int valid_device(CUdevice dev) { return dev >= 0 && dev < device_count();
 static int is_deinit(void) { return __atomic_load_n(&g_deinit, __ATOMIC_ACQUIRE); }
 static void lock(void) { pthread_mutex_lock(&g_lock); }
 static void unlock(void) { pthread_mutex_unlock(&g_lock); }
+
+/* A fork while another thread holds the lock must not leave it held in the
+ * child forever (a real driver's state is unusable after fork anyway; the
+ * tests still call the fake there). */
+__attribute__((constructor)) static void fake_fork_safety(void)
+{
+    pthread_atfork(lock, unlock, unlock);
+}
 static CUresult unlock_ret(CUresult rc) { unlock(); return rc; }
 
 /* ---- contexts (lock held unless noted) ---- */

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh - real-CUDA checks of ipccache (`make test-gpu`).
+#
+# Needs an NVIDIA GPU; without one it says so and exits 0.  Builds
+# tests/gpu/ipc_pair.cu with nvcc (cudart static and shared) into build/gpu/,
+# runs every program once without and once with the shim, and compares.
+#
+# Environment:
+#   IPCCACHE_LIB   the shim (default build/libipccache.so)
+#   OUT_DIR        raw outputs (default build/gpu/out)
+#   CUDA_HOME      default /usr/local/cuda; NVCC defaults to $CUDA_HOME/bin/nvcc
+#   IPC_ITERS      importer loop count K (default 50)
+#   IPC_SIZE       exported buffer size in bytes (default 64 MiB)
+#   TORCH_ITERS    messages in the PyTorch check (default 50)
+#   GPU_TEST_TIMEOUT  seconds allowed per program run (default 180)
+set -u
+
+cd "$(dirname "$0")/../.." || exit 2
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+NVCC=${NVCC:-$CUDA_HOME/bin/nvcc}
+LIB=${IPCCACHE_LIB:-build/libipccache.so}
+OUT_DIR=${OUT_DIR:-build/gpu/out}
+BUILD_DIR=build/gpu
+K=${IPC_ITERS:-50}
+SIZE=${IPC_SIZE:-67108864}
+TORCH_ITERS=${TORCH_ITERS:-50}
+RUN_TIMEOUT=${GPU_TEST_TIMEOUT:-180}
+HERE=tests/gpu
+
+PASSED=0
+FAILED=0
+pass() { echo "PASS $1"; PASSED=$((PASSED + 1)); }
+fail() { echo "FAIL $1${2:+: $2}"; FAILED=$((FAILED + 1)); }
+# check NAME CMD...: PASS when CMD succeeds.
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name"; fi; }
+
+gpu_count() { nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true; }
+
+NGPU=$(gpu_count)
+if [ "${NGPU:-0}" -lt 1 ]; then
+    echo "test-gpu: no NVIDIA GPU found; skipping"
+    exit 0
+fi
+
+if [ ! -f "$LIB" ]; then
+    echo "test-gpu: $LIB not found (build it first, or set IPCCACHE_LIB)" >&2
+    exit 2
+fi
+LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")  # children may change directory
+mkdir -p "$BUILD_DIR" "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+echo "test-gpu: $NGPU GPU(s); shim $LIB; outputs in $OUT_DIR"
+nvidia-smi -L >"$OUT_DIR/nvidia-smi.txt" 2>&1
+
+# sm_XY of GPU 0, plus PTX so that a newer GPU can still run the fill kernel.
+gpu_arch() {
+    local cc
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 2>/dev/null | tr -d ' .')
+    case "$cc" in ''|*[!0-9]*) cc=90 ;; esac
+    echo "-gencode arch=compute_$cc,code=[sm_$cc,compute_$cc]"
+}
+
+build() {
+    local arch rt ok=0
+    arch=$(gpu_arch)
+    for rt in static shared; do
+        # shellcheck disable=SC2086  # $arch is several words on purpose
+        if "$NVCC" -O2 $arch -cudart "$rt" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" \
+            -o "$BUILD_DIR/ipc_pair_$rt" "$HERE/ipc_pair.cu" >"$OUT_DIR/build_$rt.log" 2>&1; then
+            pass "build_ipc_pair_$rt"
+        else
+            fail "build_ipc_pair_$rt" "see $OUT_DIR/build_$rt.log"
+            ok=1
+        fi
+    done
+    return $ok
+}
+
+# run_plain OUTFILE CMD...: without the shim (and without any inherited preload).
+run_plain() {
+    local out=$1; shift
+    timeout "$RUN_TIMEOUT" env -u LD_PRELOAD "$@" >"$out" 2>"$out.err"
+}
+
+# run_shim OUTFILE STATSDIR CMD...: the shim preloaded into every process of CMD;
+# each process writes its stats at exit to STATSDIR/stats.<pid>.
+run_shim() {
+    local out=$1 stats=$2; shift 2
+    rm -rf "$stats"; mkdir -p "$stats"
+    # timeout stays outside the preload so that only the programs get the shim.
+    timeout "$RUN_TIMEOUT" env -u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1 \
+        IPCCACHE_STATS_FILE="$stats/stats.%p" "$@" >"$out" 2>"$out.err"
+}
+
+# value KEY FILE: the value of the first "KEY=value" token in FILE.
+value() { grep -o "\(^\| \)$1=[^ ]*" "$2" | head -n1 | sed 's/.*=//'; }
+
+# pid_of PHASE FILE: the importer pid of that phase.
+pid_of() { grep -o "role=importer phase=$1 pid=[0-9]*" "$2" | head -n1 | sed 's/.*pid=//'; }
+
+# stats_of STATSDIR PID: the stats file of that process.
+stats_of() { echo "$1/stats.$2"; }
+
+same_codes() {
+    # Both runs must print the same set of cases with the same codes; an empty
+    # set means the program broke before the error cases.
+    local a b
+    a=$(grep '^case=' "$1" | sort)
+    b=$(grep '^case=' "$2" | sort)
+    if [ -z "$a" ] || [ "$a" != "$b" ]; then
+        diff <(echo "$a") <(echo "$b") | sed 's/^/    /'
+        return 1
+    fi
+}
+
+# ipc_pair_suite VARIANT TAG ARGS...: one binary, one device placement.
+ipc_pair_suite() {
+    local variant=$1 tag=$2; shift 2
+    local bin=$BUILD_DIR/ipc_pair_$variant
+    local off=$OUT_DIR/${tag}_off.txt on=$OUT_DIR/${tag}_on.txt sdir=$OUT_DIR/${tag}_stats
+    local rc_off=0 rc_on=0
+    run_plain "$off" "$bin" export --size "$SIZE" --iters "$K" "$@" || rc_off=$?
+    run_shim "$on" "$sdir" "$bin" export --size "$SIZE" --iters "$K" "$@" || rc_on=$?
+
+    check "${tag}_no_shim_pattern" test "$(value pattern_ok "$off")" = 1 -a "$rc_off" = 0
+    check "${tag}_shim_pattern" test "$(value pattern_ok "$on")" = 1 -a "$rc_on" = 0
+    check "${tag}_error_codes_match" same_codes "$off" "$on"
+    # With the shim every open in the loop returns the cached mapping.
+    check "${tag}_shim_same_ptr" test "$(value loop_same_ptr "$on")" = 1
+    check "${tag}_shim_reopen_same_ptr" test "$(value reopen_same_ptr "$on")" = 1
+
+    # Loop importer (exact): K opens of one handle, all successful -> one real
+    # open (the first, a miss) and K-1 hits; K closes, each keeping the mapping
+    # cached; no errors.  That process makes no other IPC call, so this is
+    # independent of how the shim counts failed calls.
+    local lp
+    lp=$(pid_of loop "$on")
+    check "${tag}_shim_loop_stats" python3 "$HERE/stats_check.py" "$(stats_of "$sdir" "${lp:-none}")" \
+        "opens==$K" "hits==$((K - 1))" "misses==1" "real_opens==1" "closes==$K" "errors==0" "evictions==0"
+
+    # Errors importer (bounded): its valid opens are first_open (miss), reopen,
+    # open_for_interior, nested_open_a/b and final_open (hits): >= 5 hits and
+    # at least one real open of the good handle.  Failed opens (flags 0, zero
+    # handle) may or may not count as opens/real_opens/errors depending on the
+    # shim's bookkeeping, so only lower bounds are asserted.
+    local ep
+    ep=$(pid_of errors "$on")
+    check "${tag}_shim_errors_stats" python3 "$HERE/stats_check.py" "$(stats_of "$sdir" "${ep:-none}")" \
+        "hits>=5" "real_opens>=1" "opens>=6"
+}
+
+torch_ready() {
+    python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
+}
+
+torch_suite() {
+    local off=$OUT_DIR/torch_off.txt on=$OUT_DIR/torch_on.txt sdir=$OUT_DIR/torch_stats
+    local rc_off=0 rc_on=0 cp
+    run_plain "$off" python3 "$HERE/torch_consumer.py" --iters "$TORCH_ITERS" || rc_off=$?
+    # The preload covers the whole python command: producer and spawned consumer.
+    run_shim "$on" "$sdir" python3 "$HERE/torch_consumer.py" --iters "$TORCH_ITERS" || rc_on=$?
+    check torch_no_shim_values test "$(value values_ok "$off")" = 1 -a "$rc_off" = 0
+    check torch_shim_values test "$(value values_ok "$on")" = 1 -a "$rc_on" = 0
+    # Every message carries the pool's one handle: one real open, the rest hits.
+    cp=$(value consumer_pid "$on")
+    check torch_shim_consumer_stats python3 "$HERE/stats_check.py" "$(stats_of "$sdir" "${cp:-none}")" \
+        "real_opens==1" "hits>=$((TORCH_ITERS - 1))" "errors==0"
+}
+
+main() {
+    build || { echo "test-gpu: $PASSED passed, $FAILED failed"; exit 1; }
+    local rt
+    for rt in static shared; do
+        ipc_pair_suite "$rt" "ipc_pair_$rt"
+    done
+    if [ "$NGPU" -ge 2 ]; then
+        # Export on GPU 0, import on GPU 1: the mapping goes through peer access.
+        for rt in static shared; do
+            ipc_pair_suite "$rt" "ipc_pair_${rt}_xdev" --export-device 0 --device 1
+        done
+    else
+        echo "SKIP cross-device ipc_pair (one GPU)"
+    fi
+    if torch_ready; then
+        torch_suite
+    else
+        echo "SKIP torch_consumer (python3 with CUDA-enabled torch not found)"
+    fi
+    echo "test-gpu: $PASSED passed, $FAILED failed"
+    [ "$FAILED" -eq 0 ]
+}
+
+main

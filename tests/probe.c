@@ -1,0 +1,632 @@
+/*
+ * probe.c - a CUDA program in miniature, run by tests/test_process.c in fresh
+ * processes, with and without LD_PRELOAD=libipccache.so.
+ *
+ * It links neither libcuda nor libipccache: it reaches the driver exactly as
+ * cudart does - dlopen("libcuda.so.1"), dlsym("cuGetProcAddress_v2"), a probe
+ * lookup of "", then every entry point through the resolver (flags 0, status
+ * pointer given) - so the preload is exercised on the path real programs take.
+ * The stand-in driver's test hooks (fakecuda_*) are reached with dlsym.
+ *
+ *     probe SCENARIO [ARGS]
+ *
+ * Prints key=value lines on stdout. Exit status: 0 when everything went as
+ * the scenario expects, 2 for bad usage or a driver that cannot be set up,
+ * 3 when a call the scenario relies on failed (named on stderr).
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_cuda.h"
+
+#define EXIT_SETUP 2
+#define EXIT_CHECK 3
+#define LAZY CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+
+/* ---- the driver, as cudart sees it -------------------------------------- */
+
+typedef CUresult (*resolver_fn)(const char *, void **, int, cuuint64_t,
+                                CUdriverProcAddressQueryResult *);
+
+static struct {
+    void *lib;
+    resolver_fn resolve;
+    CUresult (*init)(unsigned);
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*primary_retain)(CUcontext *, CUdevice);
+    CUresult (*ctx_set_current)(CUcontext);
+    CUresult (*ctx_create)(CUcontext *, unsigned, CUdevice);
+    CUresult (*ctx_destroy)(CUcontext);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*ipc_get)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
+    CUresult (*ipc_close)(CUdeviceptr);
+    /* the stand-in driver's test hooks */
+    void (*make_foreign)(CUipcMemHandle *, uint64_t, uint64_t);
+    void (*counters)(struct fakecuda_counters *);
+    int (*refcount)(CUcontext, CUdeviceptr);
+    void (*deinit)(void);
+} drv;
+
+static void die(int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("probe: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stdout);
+    _exit(status);
+}
+
+/* For calls the scenario relies on: anything but success is a probe failure. */
+#define CHECK(call)                                                       \
+    do {                                                                  \
+        CUresult rc_ = (call);                                            \
+        if (rc_ != CUDA_SUCCESS)                                          \
+            die(EXIT_CHECK, "%s failed: error %d", #call, (int)rc_);      \
+    } while (0)
+
+static void *fake_hook(const char *name)
+{
+    void *p = dlsym(drv.lib, name);
+    if (!p)
+        die(EXIT_SETUP, "the driver has no %s: not the stand-in driver?", name);
+    return p;
+}
+
+static void *resolve(const char *name, int version)
+{
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult rc = drv.resolve(name, &fn, version, 0, &status);
+    if (rc != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || !fn)
+        die(EXIT_SETUP, "cuGetProcAddress(%s, %d): error %d, status %d", name, version,
+            (int)rc, (int)status);
+    return fn;
+}
+
+/* cudart's start-up: the resolver from dlsym, a probe lookup of "" to see
+ * that it answers, then the resolver's own newest ABI through itself. */
+static void bootstrap_resolver(void)
+{
+    drv.lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!drv.lib)
+        die(EXIT_SETUP, "dlopen(libcuda.so.1): %s", dlerror());
+    drv.resolve = (resolver_fn)dlsym(drv.lib, "cuGetProcAddress_v2");
+    if (!drv.resolve)
+        die(EXIT_SETUP, "dlsym(cuGetProcAddress_v2): %s", dlerror());
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
+    CUresult rc = drv.resolve("", &fn, 0, 0, &status);
+    if (rc != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND || fn)
+        die(EXIT_SETUP, "probe lookup of \"\": error %d, status %d", (int)rc, (int)status);
+    drv.resolve = (resolver_fn)resolve("cuGetProcAddress", 12000);
+}
+
+static void load_driver(void)
+{
+    bootstrap_resolver();
+    drv.init = resolve("cuInit", 2000);
+    drv.device_get = resolve("cuDeviceGet", 2000);
+    drv.primary_retain = resolve("cuDevicePrimaryCtxRetain", 7000);
+    drv.ctx_set_current = resolve("cuCtxSetCurrent", 4000);
+    drv.ctx_create = resolve("cuCtxCreate", 3020);
+    drv.ctx_destroy = resolve("cuCtxDestroy", 4000);
+    drv.mem_alloc = resolve("cuMemAlloc", 3020);
+    drv.ipc_get = resolve("cuIpcGetMemHandle", 4010);
+    drv.ipc_open = resolve("cuIpcOpenMemHandle", 11000);
+    drv.ipc_close = resolve("cuIpcCloseMemHandle", 4010);
+    drv.make_foreign = fake_hook("fakecuda_make_foreign_handle");
+    drv.counters = fake_hook("fakecuda_get_counters");
+    drv.refcount = fake_hook("fakecuda_refcount");
+    drv.deinit = fake_hook("fakecuda_deinit");
+    CHECK(drv.init(0));
+}
+
+/* Device 0's primary context, made current: what cudart's first runtime
+ * call does. Other threads must make it current themselves. */
+static CUcontext use_primary_context(void)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(drv.device_get(&dev, 0));
+    CHECK(drv.primary_retain(&ctx, dev));
+    CHECK(drv.ctx_set_current(ctx));
+    return ctx;
+}
+
+static CUipcMemHandle foreign_handle(uint64_t serial)
+{
+    CUipcMemHandle h;
+    drv.make_foreign(&h, serial, 1 << 20);
+    return h;
+}
+
+/* ---- output ------------------------------------------------------------- */
+
+static void put(const char *key, long long value)
+{
+    printf("%s=%lld\n", key, value);
+}
+
+static struct fakecuda_counters counters(void)
+{
+    struct fakecuda_counters c;
+    drv.counters(&c);
+    return c;
+}
+
+/* What the stand-in driver really did, with an optional key prefix. */
+static void put_counters(const char *prefix)
+{
+    struct fakecuda_counters c = counters();
+    printf("%smaps=%llu\n", prefix, (unsigned long long)c.maps);
+    printf("%sunmaps=%llu\n", prefix, (unsigned long long)c.unmaps);
+    printf("%steardown_unmaps=%llu\n", prefix, (unsigned long long)c.teardown_unmaps);
+    printf("%sopen_calls=%llu\n", prefix, (unsigned long long)c.open_calls);
+    printf("%sclose_calls=%llu\n", prefix, (unsigned long long)c.close_calls);
+    printf("%slive=%lld\n", prefix, (long long)c.live_mappings);
+}
+
+static const char *disposition(int sig)
+{
+    struct sigaction sa;
+    if (sigaction(sig, NULL, &sa) != 0)
+        return "unknown";
+    if (sa.sa_flags & SA_SIGINFO)
+        return "handler";
+    return sa.sa_handler == SIG_DFL ? "default" : sa.sa_handler == SIG_IGN ? "ignore" : "handler";
+}
+
+static void put_dispositions(void)
+{
+    printf("sigusr1=%s\n", disposition(SIGUSR1));
+    printf("sigusr2=%s\n", disposition(SIGUSR2));
+}
+
+/* 1 if fn lives in the preloaded library, i.e. the caller was handed a hook. */
+static int is_hooked(void *fn)
+{
+    Dl_info info;
+    return dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libipccache");
+}
+
+/* ---- open/close loops ---------------------------------------------------- */
+
+struct loop_result {
+    CUresult rc_open, rc_close; /* the first failure of each, else 0 */
+    int ptr_same;               /* every open returned the first pointer */
+    CUdeviceptr ptr;
+};
+
+static struct loop_result open_close(const CUipcMemHandle *h, long n)
+{
+    struct loop_result r = { CUDA_SUCCESS, CUDA_SUCCESS, 1, 0 };
+    for (long i = 0; i < n; i++) {
+        CUdeviceptr p = 0;
+        CUresult rc = drv.ipc_open(&p, *h, LAZY);
+        if (rc != CUDA_SUCCESS) {
+            r.rc_open = r.rc_open ? r.rc_open : rc;
+            continue;
+        }
+        if (i == 0)
+            r.ptr = p;
+        r.ptr_same &= p == r.ptr;
+        rc = drv.ipc_close(p);
+        r.rc_close = r.rc_close ? r.rc_close : rc;
+    }
+    return r;
+}
+
+static int put_loop(const struct loop_result *r)
+{
+    put("rc_open", r->rc_open);
+    put("rc_close", r->rc_close);
+    put("hits_ptr_same", r->ptr_same);
+    /* The driver's own reference count once every close is done: 1 while
+     * the cache keeps the mapping idle, 0 when it was really closed. */
+    put("refcount", drv.refcount(NULL, r->ptr));
+    return r->rc_open || r->rc_close || !r->ptr_same;
+}
+
+static long count_arg(int argc, char **argv, int i, long dflt)
+{
+    if (argc <= i)
+        return dflt;
+    char *end;
+    errno = 0;
+    long v = strtol(argv[i], &end, 10);
+    if (errno || *end || v < 0)
+        die(EXIT_SETUP, "bad count \"%s\"", argv[i]);
+    return v;
+}
+
+/* ---- scenarios ------------------------------------------------------------ */
+
+/* A CUDA program that never touches IPC: the preload must leave no trace. */
+static int scenario_noipc(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(drv.device_get(&dev, 0));
+    CHECK(drv.ctx_create(&ctx, 0, dev));
+    CHECK(drv.ctx_destroy(ctx));
+    put_dispositions();
+    return 0;
+}
+
+/* Which functions the resolver and dlsym hand out: ours for the hooked
+ * names, the driver's own for everything else. */
+static int scenario_cudart_sequence(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    put("resolver_is_hooked", is_hooked((void *)drv.resolve));
+    put("open_is_hooked", is_hooked((void *)drv.ipc_open));
+    put("open_v1_is_hooked", is_hooked(resolve("cuIpcOpenMemHandle", 4010)));
+    put("close_is_hooked", is_hooked((void *)drv.ipc_close));
+    put("ctx_destroy_is_hooked", is_hooked((void *)drv.ctx_destroy));
+    put("init_is_hooked", is_hooked((void *)drv.init));
+    put("dlsym_open_is_hooked", is_hooked(dlsym(drv.lib, "cuIpcOpenMemHandle_v2")));
+    put("dlsym_init_is_hooked", is_hooked(dlsym(drv.lib, "cuInit")));
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, 2);
+    return put_loop(&r);
+}
+
+/* The main job: the same handle opened and closed N times. */
+static int scenario_openclose(int argc, char **argv)
+{
+    long n = count_arg(argc, argv, 2, 100);
+    load_driver();
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, n);
+    int bad = put_loop(&r);
+    put_counters("");
+    put_dispositions();
+    return bad;
+}
+
+/* Opens and closes a few times, then raises the stats signal at itself. */
+static int scenario_signal(int argc, char **argv)
+{
+    int sig = (int)count_arg(argc, argv, 2, SIGUSR1);
+    load_driver();
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, 3);
+    int bad = put_loop(&r);
+    put_dispositions();
+    fflush(stdout);
+    raise(sig); /* delivered, and handled, before raise returns */
+    put("raised", sig);
+    return bad;
+}
+
+/* As ipccache-stats does for a process with no stats file: create
+ * <IPCCACHE_STATS_DIR>/ipccache-<pid>.stats, then signal. */
+static int scenario_signal_request(int argc, char **argv)
+{
+    const char *dir = getenv("IPCCACHE_STATS_DIR");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/ipccache-%ld.stats", dir ? dir : "/tmp", (long)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        die(EXIT_SETUP, "cannot create %s: %s", path, strerror(errno));
+    close(fd);
+    printf("request_file=%s\n", path);
+    return scenario_signal(argc, argv);
+}
+
+/* Open+close, then a normal exit: with FAKECUDA_DEINIT_AT_EXIT=1 the driver
+ * goes down after ipccache's exit handler; with "now" it is already down
+ * when that handler runs (as if torn down by an earlier destructor). */
+static int scenario_exitdeinit(int argc, char **argv)
+{
+    load_driver();
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, 2);
+    int bad = put_loop(&r);
+    if (argc > 2 && strcmp(argv[2], "now") == 0)
+        drv.deinit();
+    return bad;
+}
+
+/* Each error case, by its code; run with and without the preload, the codes
+ * must be the same (the cache returns the driver's errors, never its own). */
+static void error_cases_ipc(CUcontext ctx)
+{
+    CUipcMemHandle a = foreign_handle(1), zero;
+    CUdeviceptr p = 0, q = 0;
+    memset(&zero, 0, sizeof(zero));
+
+    CHECK(drv.ipc_open(&p, a, LAZY));
+    CHECK(drv.ipc_close(p));
+    put("double_close", drv.ipc_close(p));
+    put("unknown_ptr", drv.ipc_close((CUdeviceptr)0xdead0000));
+    put("zero_handle", drv.ipc_open(&q, zero, LAZY));
+    CHECK(drv.ipc_open(&p, a, LAZY));
+    put("flags0_cached", drv.ipc_open(&q, a, 0));
+    CHECK(drv.ipc_close(p));
+    put("null_pdptr", drv.ipc_open(NULL, a, LAZY));
+
+    CHECK(drv.ctx_set_current(NULL));
+    put("no_ctx_open", drv.ipc_open(&q, a, LAZY));
+    put("no_ctx_close", drv.ipc_close(p));
+    CHECK(drv.ctx_set_current(ctx));
+
+    CUdeviceptr mine;
+    CUipcMemHandle own;
+    CHECK(drv.mem_alloc(&mine, 1 << 20));
+    CHECK(drv.ipc_get(&own, mine));
+    put("own_export", drv.ipc_open(&q, own, LAZY));
+}
+
+/* A mapping must not outlive its context: the stand-in reuses the dead
+ * context's address, so a cache keyed on addresses would hand back a
+ * pointer the driver no longer knows. */
+static void error_cases_dead_context(CUdevice dev)
+{
+    CUipcMemHandle a = foreign_handle(1);
+    CUcontext c;
+    CUdeviceptr p, q;
+    CHECK(drv.ctx_create(&c, 0, dev));
+    CHECK(drv.ipc_open(&p, a, LAZY));
+    CHECK(drv.ipc_close(p));
+    CHECK(drv.ctx_destroy(c));
+    put("destroyed_ctx_close", drv.ipc_close(p));
+
+    CHECK(drv.ctx_create(&c, 0, dev));
+    uint64_t maps = counters().maps;
+    put("reopen_after_destroy", drv.ipc_open(&q, a, LAZY));
+    put("reopen_maps_delta", (long long)(counters().maps - maps));
+    CHECK(drv.ipc_close(q));
+    CHECK(drv.ctx_destroy(c));
+}
+
+static int scenario_errors(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    CUcontext ctx = use_primary_context();
+    CUdevice dev;
+    CHECK(drv.device_get(&dev, 0));
+    error_cases_ipc(ctx);
+    error_cases_dead_context(dev);
+    return 0;
+}
+
+/* ---- threads ------------------------------------------------------------- */
+
+#define THREAD_HANDLES 4
+#define THREAD_ITERATIONS 2000
+
+struct hammer_shared {
+    CUcontext ctx;
+    _Atomic CUdeviceptr first_ptr[THREAD_HANDLES]; /* per handle, set once */
+    atomic_long errors, mismatches;
+};
+
+/* Opens and closes the handles in turn; every thread must see the same
+ * pointer for the same handle, as with the driver alone. */
+static void *hammer_thread(void *arg)
+{
+    struct hammer_shared *s = arg;
+    CUipcMemHandle h[THREAD_HANDLES];
+    for (int k = 0; k < THREAD_HANDLES; k++)
+        h[k] = foreign_handle((uint64_t)k + 1);
+    if (drv.ctx_set_current(s->ctx) != CUDA_SUCCESS) {
+        atomic_fetch_add(&s->errors, 1);
+        return NULL;
+    }
+    for (int i = 0; i < THREAD_ITERATIONS; i++) {
+        int k = i % THREAD_HANDLES;
+        CUdeviceptr p = 0, expected = 0;
+        if (drv.ipc_open(&p, h[k], LAZY) != CUDA_SUCCESS) {
+            atomic_fetch_add(&s->errors, 1);
+            continue;
+        }
+        if (!atomic_compare_exchange_strong(&s->first_ptr[k], &expected, p) && expected != p)
+            atomic_fetch_add(&s->mismatches, 1);
+        if (drv.ipc_close(p) != CUDA_SUCCESS)
+            atomic_fetch_add(&s->errors, 1);
+    }
+    return NULL;
+}
+
+static int scenario_threads(int argc, char **argv)
+{
+    long n = count_arg(argc, argv, 2, 8);
+    load_driver();
+    struct hammer_shared s = { .ctx = use_primary_context() };
+    pthread_t *t = calloc((size_t)n, sizeof(*t));
+    if (!t)
+        die(EXIT_SETUP, "out of memory");
+    for (long i = 0; i < n; i++)
+        if (pthread_create(&t[i], NULL, hammer_thread, &s) != 0)
+            die(EXIT_SETUP, "pthread_create failed");
+    for (long i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+    free(t);
+    put("threads", n);
+    put("errors", atomic_load(&s.errors));
+    put("ptr_mismatches", atomic_load(&s.mismatches));
+    put_counters("");
+    return atomic_load(&s.errors) || atomic_load(&s.mismatches);
+}
+
+/* ---- fork ---------------------------------------------------------------- */
+
+/*
+ * A thread keeps opening and closing handle 2 while the main thread forks.
+ *
+ * The stand-in driver has no fork handlers (nor has the real one: CUDA is not
+ * usable in a fork child), so a fork while that thread is inside the driver
+ * leaves the driver's own lock held in the child forever. To test ipccache's
+ * fork handling and not the stand-in's, an atfork handler parks the thread
+ * between calls for the instant of the fork - unless "unguarded" is given.
+ */
+static struct {
+    CUcontext ctx;
+    atomic_int stop, park, parked;
+    atomic_long iterations, errors;
+} spin;
+
+static void spin_park_point(void)
+{
+    while (atomic_load(&spin.park)) {
+        atomic_store(&spin.parked, 1);
+        sched_yield();
+    }
+    atomic_store(&spin.parked, 0);
+}
+
+static void *spin_thread(void *arg)
+{
+    (void)arg;
+    CUipcMemHandle h = foreign_handle(2);
+    if (drv.ctx_set_current(spin.ctx) != CUDA_SUCCESS)
+        atomic_fetch_add(&spin.errors, 1);
+    while (!atomic_load(&spin.stop)) {
+        spin_park_point();
+        struct loop_result r = open_close(&h, 1);
+        if (r.rc_open || r.rc_close)
+            atomic_fetch_add(&spin.errors, 1);
+        atomic_fetch_add(&spin.iterations, 1);
+    }
+    return NULL;
+}
+
+static void park_spinner(void)
+{
+    atomic_store(&spin.park, 1);
+    while (!atomic_load(&spin.parked))
+        sched_yield();
+}
+
+static void unpark_spinner(void)
+{
+    atomic_store(&spin.park, 0);
+}
+
+/* The child's table must start empty: opening the handle the parent has
+ * cached must reach the driver. Bounded by alarm() in case of a deadlock. */
+static void fork_child(const CUipcMemHandle *h)
+{
+    alarm(5);
+    uint64_t open_calls = counters().open_calls;
+    CUdeviceptr p = 0;
+    put("child_open_rc", drv.ipc_open(&p, *h, LAZY));
+    put("child_open_calls_delta", (long long)(counters().open_calls - open_calls));
+    put("child_close_rc", drv.ipc_close(p));
+    fflush(stdout);
+    exit(0); /* runs the exit handlers, ipccache's among them */
+}
+
+/* Waits up to 10 s; prints how the child ended; returns 1 unless it
+ * exited with status 0. */
+static int wait_child(pid_t pid)
+{
+    for (int i = 0; i < 1000; i++) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) != pid) {
+            nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+            continue;
+        }
+        if (WIFSIGNALED(status)) {
+            put("child_signal", WTERMSIG(status));
+            return 1;
+        }
+        put("child_exit", WEXITSTATUS(status));
+        return WEXITSTATUS(status) != 0;
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    put("child_timeout", 1);
+    return 1;
+}
+
+static int scenario_fork(int argc, char **argv)
+{
+    int guarded = !(argc > 2 && strcmp(argv[2], "unguarded") == 0);
+    load_driver();
+    spin.ctx = use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, 2); /* now cached in the parent */
+    int bad = put_loop(&r);
+    if (guarded)
+        pthread_atfork(park_spinner, unpark_spinner, unpark_spinner);
+
+    pthread_t t;
+    if (pthread_create(&t, NULL, spin_thread, NULL) != 0)
+        die(EXIT_SETUP, "pthread_create failed");
+    while (atomic_load(&spin.iterations) < 100)
+        sched_yield();
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die(EXIT_SETUP, "fork: %s", strerror(errno));
+    if (pid == 0)
+        fork_child(&h);
+    bad |= wait_child(pid);
+    atomic_store(&spin.stop, 1);
+    pthread_join(t, NULL);
+    put("spin_errors", atomic_load(&spin.errors));
+    return bad || atomic_load(&spin.errors);
+}
+
+/* ---- main ---------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *usage;
+} scenarios[] = {
+    { "noipc", scenario_noipc, "" },
+    { "cudart_sequence", scenario_cudart_sequence, "" },
+    { "openclose", scenario_openclose, "[N=100]" },
+    { "signal", scenario_signal, "[SIGNO=SIGUSR1]" },
+    { "signal_request", scenario_signal_request, "[SIGNO=SIGUSR1]" },
+    { "exitdeinit", scenario_exitdeinit, "[now]" },
+    { "errors", scenario_errors, "" },
+    { "threads", scenario_threads, "[N=8]" },
+    { "fork", scenario_fork, "[unguarded]" },
+};
+
+int main(int argc, char **argv)
+{
+    size_t n = sizeof(scenarios) / sizeof(scenarios[0]);
+    for (size_t i = 0; argc > 1 && i < n; i++) {
+        if (strcmp(argv[1], scenarios[i].name) == 0) {
+            int bad = scenarios[i].run(argc, argv);
+            put("pid", getpid());
+            fflush(stdout);
+            return bad ? EXIT_CHECK : 0;
+        }
+    }
+    fprintf(stderr, "usage: probe SCENARIO [ARGS]; scenarios:\n");
+    for (size_t i = 0; i < n; i++)
+        fprintf(stderr, "  %s %s\n", scenarios[i].name, scenarios[i].usage);
+    return EXIT_SETUP;
+}

@@ -1,0 +1,697 @@
+/*
+ * test_process.c - ipccache as its users meet it: LD_PRELOAD into a fresh
+ * process that reaches the driver the way cudart does (tests/probe.c).
+ *
+ * Each test spawns build/tests/probe (IPCC_TEST_BUILD names the build folder)
+ * in a controlled environment - none of the caller's IPCCACHE_* settings
+ * leak in - captures stdout and stderr separately, and checks what the
+ * probe printed (key=value lines), what ipccache said, and the files it
+ * wrote. IPCC_TEST_PRELOAD_PREFIX (the sanitizer run: the ASan runtime) is
+ * put ahead of the library in LD_PRELOAD.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define OUTPUT_CAP (64 * 1024)
+#define RUN_LIMIT_S 15      /* below the tests' own 20 s timeout */
+#define MAX_ENV 32
+#define TIMED_OUT (-1)
+
+/* ---- where things are ---------------------------------------------------- */
+
+static char build_dir[PATH_MAX];
+static char tmpdir[64];
+
+static void find_build_dir(void)
+{
+    const char *b = getenv("IPCC_TEST_BUILD");
+    if (!realpath(b && *b ? b : "build", build_dir))
+        cr_fatal("build folder %s: %s", b ? b : "build", strerror(errno));
+}
+
+static void make_tmpdir(void)
+{
+    find_build_dir();
+    strcpy(tmpdir, "/tmp/ipcc-process-XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
+}
+
+/* The test's files only: no subfolders are ever made there. */
+static void remove_tmpdir(void)
+{
+    DIR *d = opendir(tmpdir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+    rmdir(tmpdir);
+}
+
+TestSuite(process, .init = make_tmpdir, .fini = remove_tmpdir);
+
+/* <tmpdir>/name, in a buffer of the caller's. */
+static char *tmp_path(char *buf, size_t cap, const char *name)
+{
+    snprintf(buf, cap, "%s/%s", tmpdir, name);
+    return buf;
+}
+
+/* ---- running a process --------------------------------------------------- */
+
+struct proc {
+    pid_t pid;
+    int status;                 /* from waitpid; TIMED_OUT if killed by us */
+    char out[OUTPUT_CAP];
+    char err[OUTPUT_CAP];
+};
+
+#define ARGS(...) ((const char *const[]){ __VA_ARGS__, NULL })
+#define ENV(...) ((const char *const[]){ __VA_ARGS__, NULL })
+#define NO_ENV ENV(NULL)
+
+/* Sets "KEY=value" in env[], replacing an entry with the same key. */
+static void env_put(char **env, int *n, char *entry)
+{
+    size_t klen = strcspn(entry, "=") + 1;
+    for (int i = 0; i < *n; i++) {
+        if (strncmp(env[i], entry, klen) == 0) {
+            free(env[i]);
+            env[i] = entry;
+            return;
+        }
+    }
+    cr_assert_lt(*n, MAX_ENV - 1, "too many environment entries");
+    env[(*n)++] = entry;
+    env[*n] = NULL;
+}
+
+static char *format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *format(const char *fmt, ...)
+{
+    char *s;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    cr_assert_geq(n, 0, "out of memory");
+    return s;
+}
+
+/* The probe's whole environment: the stand-in driver on the library path,
+ * ipccache preloaded, the sanitizers' options passed on, then extra[]
+ * ("LD_PRELOAD=" in extra[] runs without the preload). */
+static void build_env(char **env, const char *const *extra)
+{
+    static const char *const passed_on[] = { "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS" };
+    const char *prefix = getenv("IPCC_TEST_PRELOAD_PREFIX");
+    int n = 0;
+    env[0] = NULL;
+    env_put(env, &n, format("PATH=/usr/bin:/bin"));
+    env_put(env, &n, format("LD_LIBRARY_PATH=%s/tests", build_dir));
+    env_put(env, &n, format("LD_PRELOAD=%s%s%s/libipccache.so", prefix && *prefix ? prefix : "",
+                            prefix && *prefix ? ":" : "", build_dir));
+    for (size_t i = 0; i < sizeof(passed_on) / sizeof(passed_on[0]); i++)
+        if (getenv(passed_on[i]))
+            env_put(env, &n, format("%s=%s", passed_on[i], getenv(passed_on[i])));
+    for (; *extra; extra++)
+        env_put(env, &n, format("%s", *extra));
+}
+
+static void free_env(char **env)
+{
+    for (; *env; env++)
+        free(*env);
+}
+
+/* In the child, between fork and exec: async-signal-safe calls only. */
+static void exec_child(const char *const *argv, char **env, int out_fd, int err_fd)
+{
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+        _exit(126);
+    execve(argv[0], (char *const *)argv, env);
+    _exit(127);
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+/* Reads both pipes until both close or the time limit passes; returns 0 on
+ * time-out. Reading both at once keeps a chatty child from blocking. */
+static int drain(int fds[2], char *bufs[2])
+{
+    size_t len[2] = { 0, 0 };
+    long long deadline = now_ms() + RUN_LIMIT_S * 1000LL;
+    while (fds[0] >= 0 || fds[1] >= 0) {
+        struct pollfd pfd[2] = { { fds[0], POLLIN, 0 }, { fds[1], POLLIN, 0 } };
+        long long left = deadline - now_ms();
+        if (left <= 0 || poll(pfd, 2, (int)left) == 0)
+            return 0;
+        for (int i = 0; i < 2; i++) {
+            if (fds[i] < 0 || !pfd[i].revents)
+                continue;
+            char scratch[4096];
+            size_t room = OUTPUT_CAP - 1 - len[i];
+            char *dst = room ? bufs[i] + len[i] : scratch; /* past the cap: discard */
+            ssize_t r = read(fds[i], dst, room ? room : sizeof(scratch));
+            if (r > 0 && room) {
+                len[i] += (size_t)r;
+                bufs[i][len[i]] = '\0';
+            } else if (r == 0 || (r < 0 && errno != EINTR)) {
+                close(fds[i]);
+                fds[i] = -1;
+            }
+        }
+    }
+    return 1;
+}
+
+/* Runs argv[0] (a path) with the controlled environment plus extra[];
+ * collects its output and status. Never waits past RUN_LIMIT_S. */
+static void run(struct proc *p, const char *const *argv, const char *const *extra)
+{
+    char *env[MAX_ENV];
+    int out[2], err[2];
+    build_env(env, extra);
+    cr_assert_eq(pipe2(out, O_CLOEXEC), 0, "pipe: %s", strerror(errno));
+    cr_assert_eq(pipe2(err, O_CLOEXEC), 0, "pipe: %s", strerror(errno));
+    p->out[0] = p->err[0] = '\0';
+    p->pid = fork();
+    cr_assert_geq(p->pid, 0, "fork: %s", strerror(errno));
+    if (p->pid == 0)
+        exec_child(argv, env, out[1], err[1]);
+    close(out[1]);
+    close(err[1]);
+    free_env(env);
+    int fds[2] = { out[0], err[0] };
+    char *bufs[2] = { p->out, p->err };
+    int finished = drain(fds, bufs);
+    if (!finished) {
+        kill(p->pid, SIGKILL);
+        for (int i = 0; i < 2; i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
+    }
+    waitpid(p->pid, &p->status, 0);
+    if (!finished)
+        p->status = TIMED_OUT;
+}
+
+/* Runs the probe: probe(&p, ENV(...), "scenario", args...). */
+#define probe(p, extra, ...) run_probe(p, extra, ARGS(__VA_ARGS__))
+
+static void run_probe(struct proc *p, const char *const *extra, const char *const *args)
+{
+    const char *argv[8];
+    int n = 0;
+    argv[n++] = format("%s/tests/probe", build_dir);
+    for (; *args && n < 7; args++)
+        argv[n++] = *args;
+    argv[n] = NULL;
+    run(p, argv, extra);
+    free((char *)argv[0]);
+}
+
+/* Exit status; 128 + N for a death by signal N; TIMED_OUT. */
+static int exit_code(const struct proc *p)
+{
+    if (p->status == TIMED_OUT)
+        return TIMED_OUT;
+    return WIFEXITED(p->status) ? WEXITSTATUS(p->status) : 128 + WTERMSIG(p->status);
+}
+
+/* ---- reading what came back ---------------------------------------------- */
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* The value in the line "key=value" of the probe's stdout, or NULL. */
+static const char *find_key(const char *out, const char *key)
+{
+    size_t klen = strlen(key);
+    const char *line = out;
+    while (*line) {
+        if (strncmp(line, key, klen) == 0 && line[klen] == '=')
+            return line + klen + 1;
+        const char *nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        line = nl + 1;
+    }
+    return NULL;
+}
+
+/* The value of key in the probe's stdout; the test stops, showing the
+ * output, if the probe did not print it. */
+static const char *value_of(const struct proc *p, const char *key)
+{
+    const char *v = find_key(p->out, key);
+    if (!v)
+        cr_fatal("probe printed no %s=\nstdout:\n%s\nstderr:\n%s", key, p->out, p->err);
+    return v;
+}
+
+static long long kv(const struct proc *p, const char *key)
+{
+    return strtoll(value_of(p, key), NULL, 10);
+}
+
+/* A word the probe printed (up to the end of the line), in buf. */
+static const char *kv_str(const struct proc *p, const char *key, char *buf, size_t cap)
+{
+    const char *v = value_of(p, key);
+    snprintf(buf, cap, "%.*s", (int)strcspn(v, "\n"), v);
+    return buf;
+}
+
+/* The value of "key": in a JSON line, as the stats line writes numbers. */
+static unsigned long long json_u64(const char *line, const char *key)
+{
+    char pattern[64];
+    snprintf(pattern, sizeof(pattern), "\"%s\":", key);
+    const char *at = strstr(line, pattern);
+    if (!at)
+        cr_fatal("no %s in the stats line: %s", pattern, line);
+    return strtoull(at + strlen(pattern), NULL, 10);
+}
+
+/* The whole file into buf (NUL-terminated); -1 if it cannot be read. */
+static ssize_t read_file(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t len = 0;
+    ssize_t r;
+    while (len < cap - 1 && (r = read(fd, buf + len, cap - 1 - len)) > 0)
+        len += (size_t)r;
+    close(fd);
+    buf[len] = '\0';
+    return (ssize_t)len;
+}
+
+/* ---- checks shared by several tests ------------------------------------- */
+
+/* Criterion's str tag wants char *; it only reads the strings. */
+#define STR(s) ((char *)(s))
+
+/* Exited 0 and ipccache (and the probe) said nothing. */
+static void expect_quiet_success(const struct proc *p)
+{
+    cr_assert(eq(int, exit_code(p), 0), "stdout:\n%s\nstderr:\n%s", p->out, p->err);
+    cr_assert(eq(str, STR(p->err), ""));
+}
+
+static void expect_kv(const struct proc *p, const char *key, long long want)
+{
+    cr_assert(eq(llong, kv(p, key), want), "%s; stdout:\n%s\nstderr:\n%s", key, p->out, p->err);
+}
+
+/* The same, for a run made with `setting`, which the message names. */
+static void expect_kv_with(const struct proc *p, const char *setting, const char *key,
+                           long long want)
+{
+    cr_expect(eq(llong, kv(p, key), want), "%s with %s", key, setting);
+}
+
+static void expect_kv_str(const struct proc *p, const char *key, const char *want)
+{
+    char buf[64];
+    cr_assert(eq(str, STR(kv_str(p, key, buf, sizeof(buf))), STR(want)), "%s", key);
+}
+
+/* The one stats line a file must hold, with the counters of an openclose
+ * run of n: one real open, every other open a hit. */
+static void expect_stats_file(const char *path, unsigned long long n)
+{
+    char line[8192];
+    cr_assert_geq(read_file(path, line, sizeof(line)), 0, "no stats file %s", path);
+    cr_assert(eq(int, count_lines(line), 1), "%s holds:\n%s", path, line);
+    cr_assert(eq(int, line[0], '{'), "%s", line);
+    cr_assert(eq(ullong, json_u64(line, "opens"), n));
+    cr_assert(eq(ullong, json_u64(line, "hits"), n - 1));
+    cr_assert(eq(ullong, json_u64(line, "misses"), 1));
+    cr_assert(eq(ullong, json_u64(line, "real_opens"), 1));
+}
+
+/* ---- the preload itself -------------------------------------------------- */
+
+Test(process, unrelated_program_is_untouched, .timeout = 20)
+{
+    /* A program that never touches CUDA runs exactly as without the preload. */
+    struct proc p;
+    run(&p, ARGS("/bin/echo", "hi"), NO_ENV);
+    cr_assert(eq(int, exit_code(&p), 0), "stderr:\n%s", p.err);
+    cr_assert(eq(str, p.out, "hi\n"));
+    cr_assert(eq(str, p.err, ""));
+}
+
+Test(process, cuda_without_ipc_leaves_no_trace, .timeout = 20)
+{
+    /* A CUDA program that never opens an IPC handle gets no message and no signal handler. */
+    struct proc p;
+    probe(&p, NO_ENV, "noipc");
+    expect_quiet_success(&p);
+    expect_kv_str(&p, "sigusr1", "default");
+    expect_kv_str(&p, "sigusr2", "default");
+}
+
+Test(process, cudart_lookups_get_the_hooks, .timeout = 20)
+{
+    /* dlsym and cuGetProcAddress hand out ipccache's wrappers for the hooked names only. */
+    struct proc p;
+    probe(&p, NO_ENV, "cudart_sequence");
+    expect_quiet_success(&p);
+    expect_kv(&p, "resolver_is_hooked", 1);
+    expect_kv(&p, "open_is_hooked", 1);
+    expect_kv(&p, "open_v1_is_hooked", 1);
+    expect_kv(&p, "close_is_hooked", 1);
+    expect_kv(&p, "ctx_destroy_is_hooked", 1);
+    expect_kv(&p, "dlsym_open_is_hooked", 1);
+    expect_kv(&p, "init_is_hooked", 0);
+    expect_kv(&p, "dlsym_init_is_hooked", 0);
+}
+
+Test(process, disabled_lookups_get_the_driver, .timeout = 20)
+{
+    /* With IPCCACHE_DISABLE=1 every lookup answers the driver's own function. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_DISABLE=1"), "cudart_sequence");
+    expect_quiet_success(&p);
+    expect_kv(&p, "resolver_is_hooked", 0);
+    expect_kv(&p, "open_is_hooked", 0);
+    expect_kv(&p, "dlsym_open_is_hooked", 0);
+}
+
+/* ---- the cache ----------------------------------------------------------- */
+
+Test(process, repeated_open_maps_once_and_unmaps_at_exit, .timeout = 20)
+{
+    /* 100 open/close pairs of one handle cost one real map, undone by the exit handler. */
+    char counters[PATH_MAX], env[PATH_MAX + 32], line[512];
+    snprintf(env, sizeof(env), "FAKECUDA_COUNTERS_AT_EXIT=%s",
+             tmp_path(counters, sizeof(counters), "counters"));
+    struct proc p;
+    probe(&p, ENV(env), "openclose", "100");
+    expect_quiet_success(&p);
+    expect_kv(&p, "hits_ptr_same", 1);
+    expect_kv(&p, "maps", 1);
+    expect_kv(&p, "open_calls", 1);
+    expect_kv(&p, "refcount", 1);   /* kept, idle */
+    expect_kv_str(&p, "sigusr1", "handler");
+
+    cr_assert_geq(read_file(counters, line, sizeof(line)), 0, "no %s", counters);
+    cr_assert_not_null(strstr(line, "maps=1 unmaps=1 "), "at exit: %s", line);
+    cr_assert_not_null(strstr(line, " live=0"), "at exit: %s", line);
+}
+
+Test(process, disabled_passes_every_call_through, .timeout = 20)
+{
+    /* IPCCACHE_DISABLE=1: every open is a real map, and no handler is installed. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_DISABLE=1"), "openclose", "100");
+    expect_quiet_success(&p);
+    expect_kv(&p, "maps", 100);
+    expect_kv(&p, "unmaps", 100);
+    expect_kv(&p, "refcount", 0);
+    expect_kv_str(&p, "sigusr1", "default");
+}
+
+Test(process, idle_caps_below_one_mapping_close_at_once, .timeout = 20)
+{
+    /* A cap that one idle 1 MiB mapping exceeds keeps nothing idle: each close is a real unmap. */
+    static const char *const caps[] = { "IPCCACHE_MAX_IDLE_ENTRIES=0", "IPCCACHE_MAX_IDLE_BYTES=1K" };
+    for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++) {
+        struct proc p;
+        probe(&p, ENV(caps[i]), "openclose", "10");
+        expect_quiet_success(&p);
+        expect_kv_with(&p, caps[i], "maps", 10);
+        expect_kv_with(&p, caps[i], "unmaps", 10);
+        expect_kv_with(&p, caps[i], "refcount", 0);
+    }
+}
+
+Test(process, threads_share_one_mapping_per_handle, .timeout = 20)
+{
+    /* Eight threads opening four handles 2000 times each: four real maps, one pointer each. */
+    struct proc p;
+    probe(&p, NO_ENV, "threads", "8");
+    expect_quiet_success(&p);
+    expect_kv(&p, "errors", 0);
+    expect_kv(&p, "ptr_mismatches", 0);
+    expect_kv(&p, "maps", 4);
+    expect_kv(&p, "unmaps", 0);
+}
+
+/* Runs the errors scenario on the driver flavour `driver` (a FAKECUDA_*
+ * setting), with and without the preload: each code must be the driver's. */
+static void expect_errors_as_driver_alone(const char *driver)
+{
+    static const struct { const char *key; long long code; } cases[] = {
+        { "double_close", 1 }, { "unknown_ptr", 1 }, { "zero_handle", 1 },
+        { "flags0_cached", 1 }, { "null_pdptr", 1 }, { "no_ctx_open", 201 },
+        { "no_ctx_close", 201 }, { "own_export", 201 }, { "destroyed_ctx_close", 1 },
+        { "reopen_after_destroy", 0 }, { "reopen_maps_delta", 1 },
+    };
+    struct proc with, without;
+    probe(&with, ENV(driver), "errors");
+    probe(&without, ENV(driver, "LD_PRELOAD="), "errors");
+    expect_quiet_success(&with);
+    expect_quiet_success(&without);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *key = cases[i].key;
+        cr_expect(eq(llong, kv(&with, key), kv(&without, key)),
+                  "%s with %s: preloaded vs driver alone", key, driver);
+        cr_expect(eq(llong, kv(&with, key), cases[i].code), "%s with %s", key, driver);
+    }
+}
+
+Test(process, errors_match_the_driver_alone, .timeout = 20)
+{
+    /* Every error case returns the code the driver returns without the preload. */
+    expect_errors_as_driver_alone("FAKECUDA_DRIVER_VERSION=13000");
+}
+
+Test(process, errors_match_a_driver_without_context_ids, .timeout = 20)
+{
+    /* The same on a pre-12.0 driver, where contexts are told apart by address alone. */
+    expect_errors_as_driver_alone("FAKECUDA_NO_CTXGETID=1");
+}
+
+Test(process, fork_child_starts_with_an_empty_table, .timeout = 20)
+{
+    /* A child forked while another thread uses the cache maps for itself and exits cleanly. */
+    struct proc p;
+    probe(&p, NO_ENV, "fork");
+    expect_quiet_success(&p);
+    expect_kv(&p, "child_exit", 0);
+    expect_kv(&p, "child_open_rc", 0);
+    expect_kv(&p, "child_open_calls_delta", 1);   /* a real open, not a parent's entry */
+    expect_kv(&p, "child_close_rc", 0);
+    expect_kv(&p, "spin_errors", 0);
+}
+
+Test(process, driver_gone_after_exit_handler_is_quiet, .timeout = 20)
+{
+    /* The driver torn down at exit after ipccache's handler: exit 0, nothing said. */
+    struct proc p;
+    probe(&p, ENV("FAKECUDA_DEINIT_AT_EXIT=1"), "exitdeinit");
+    expect_quiet_success(&p);
+}
+
+Test(process, driver_gone_before_exit_handler_is_quiet, .timeout = 20)
+{
+    /* The driver already down when ipccache's exit handler closes: exit 0, nothing said. */
+    struct proc p;
+    probe(&p, NO_ENV, "exitdeinit", "now");
+    expect_quiet_success(&p);
+}
+
+/* ---- settings ------------------------------------------------------------ */
+
+static const char *const bad_settings[] = {
+    "IPCCACHE_DISABLE=maybe",       "IPCCACHE_MAX_IDLE_BYTES=12Q",
+    "IPCCACHE_MAX_IDLE_ENTRIES=-1", "IPCCACHE_LOG=loud",
+    "IPCCACHE_STATS_SIGNAL=SIGFOO", "IPCCACHE_STATS_AT_EXIT=2",
+    "IPCCACHE_STATS_FILE=/tmp/x%q", "IPCCACHE_STATS_DIR=relative",
+};
+#define N_BAD_SETTINGS (sizeof(bad_settings) / sizeof(bad_settings[0]))
+
+/* "IPCCACHE_X=v" -> "prefix IPCCACHE_X=\"v\"", what the message must start with. */
+static void expected_message(char *buf, size_t cap, const char *prefix, const char *setting)
+{
+    int klen = (int)strcspn(setting, "=");
+    snprintf(buf, cap, "%s%.*s=\"%s\"", prefix, klen, setting, setting + klen + 1);
+}
+
+Test(process, bad_value_warns_once_and_keeps_the_default, .timeout = 20)
+{
+    /* Each setting with a bad value: one warning naming it, then the default behaviour. */
+    for (size_t i = 0; i < N_BAD_SETTINGS; i++) {
+        char want[256];
+        struct proc p;
+        probe(&p, ENV(bad_settings[i]), "openclose", "5");
+        expected_message(want, sizeof(want), "ipccache: warning: ", bad_settings[i]);
+        cr_expect(eq(int, exit_code(&p), 0), "%s", bad_settings[i]);
+        cr_expect(eq(int, count_lines(p.err), 1), "%s; stderr:\n%s", bad_settings[i], p.err);
+        cr_expect(eq(int, strncmp(p.err, want, strlen(want)), 0), "want \"%s...\", got: %s",
+                  want, p.err);
+        cr_expect_not_null(strstr(p.err, "using the default"), "%s", p.err);
+        char word[16];
+        expect_kv_with(&p, bad_settings[i], "maps", 1);
+        expect_kv_with(&p, bad_settings[i], "refcount", 1);
+        cr_expect(eq(str, STR(kv_str(&p, "sigusr1", word, sizeof(word))), "handler"),
+                  "sigusr1 with %s", bad_settings[i]);
+    }
+}
+
+Test(process, log_error_silences_the_warnings, .timeout = 20)
+{
+    /* IPCCACHE_LOG=error is read first, so a bad value in another setting is not reported. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_LOG=error", "IPCCACHE_MAX_IDLE_BYTES=12Q"), "openclose", "5");
+    expect_quiet_success(&p);
+    expect_kv(&p, "maps", 1);
+}
+
+Test(process, strict_with_good_values_runs_normally, .timeout = 20)
+{
+    /* IPCCACHE_STRICT=1 with only valid settings changes nothing. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STRICT=1", "IPCCACHE_MAX_IDLE_BYTES=512M", "IPCCACHE_LOG=warn",
+                  "IPCCACHE_STATS_SIGNAL=SIGUSR2"), "openclose", "5");
+    expect_quiet_success(&p);
+    expect_kv(&p, "maps", 1);
+    expect_kv_str(&p, "sigusr2", "handler");
+}
+
+Test(process, strict_turns_a_bad_value_into_exit_78, .timeout = 20)
+{
+    /* IPCCACHE_STRICT=1: a bad value is an error line and exit status 78 (EX_CONFIG). */
+    for (size_t i = 0; i < N_BAD_SETTINGS; i++) {
+        char want[256];
+        struct proc p;
+        probe(&p, ENV("IPCCACHE_STRICT=1", bad_settings[i]), "openclose", "5");
+        expected_message(want, sizeof(want), "ipccache: error: ", bad_settings[i]);
+        cr_expect(eq(int, exit_code(&p), 78), "%s; stderr:\n%s", bad_settings[i], p.err);
+        cr_expect(eq(int, count_lines(p.err), 1), "%s; stderr:\n%s", bad_settings[i], p.err);
+        cr_expect(eq(int, strncmp(p.err, want, strlen(want)), 0), "want \"%s...\", got: %s",
+                  want, p.err);
+    }
+}
+
+Test(process, log_info_prints_one_startup_line, .timeout = 20)
+{
+    /* IPCCACHE_LOG=info: exactly one line, the start-up banner. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_LOG=info"), "openclose", "5");
+    cr_assert(eq(int, exit_code(&p), 0), "stderr:\n%s", p.err);
+    cr_assert(eq(int, count_lines(p.err), 1), "stderr:\n%s", p.err);
+    cr_assert(eq(int, strncmp(p.err, "ipccache: version ", 18), 0), "%s", p.err);
+    cr_assert_not_null(strstr(p.err, " active: "), "%s", p.err);
+}
+
+/* ---- statistics ---------------------------------------------------------- */
+
+Test(process, stats_at_exit_go_to_the_pid_file, .timeout = 20)
+{
+    /* IPCCACHE_STATS_AT_EXIT=1 with a %p file: one JSON line in this process's file. */
+    char pattern[PATH_MAX], env[PATH_MAX + 32], path[PATH_MAX + 32];
+    snprintf(env, sizeof(env), "IPCCACHE_STATS_FILE=%s", tmp_path(pattern, sizeof(pattern), "s.%p"));
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STATS_AT_EXIT=1", env), "openclose", "10");
+    expect_quiet_success(&p);
+    snprintf(path, sizeof(path), "%s/s.%lld", tmpdir, kv(&p, "pid"));
+    expect_stats_file(path, 10);
+}
+
+Test(process, stats_signal_writes_the_stats_file, .timeout = 20)
+{
+    /* SIGUSR1 makes the process append its stats line to IPCCACHE_STATS_FILE. */
+    char pattern[PATH_MAX], env[PATH_MAX + 32], path[PATH_MAX + 32];
+    snprintf(env, sizeof(env), "IPCCACHE_STATS_FILE=%s", tmp_path(pattern, sizeof(pattern), "sig.%p"));
+    struct proc p;
+    probe(&p, ENV(env), "signal");
+    expect_quiet_success(&p);
+    expect_kv(&p, "raised", SIGUSR1);
+    snprintf(path, sizeof(path), "%s/sig.%lld", tmpdir, kv(&p, "pid"));
+    expect_stats_file(path, 3);
+}
+
+Test(process, stats_signal_can_be_usr2, .timeout = 20)
+{
+    /* IPCCACHE_STATS_SIGNAL=USR2 handles SIGUSR2 and leaves SIGUSR1 alone. */
+    char env[PATH_MAX + 32], path[PATH_MAX], signo[16];
+    snprintf(env, sizeof(env), "IPCCACHE_STATS_FILE=%s", tmp_path(path, sizeof(path), "usr2"));
+    snprintf(signo, sizeof(signo), "%d", SIGUSR2);
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STATS_SIGNAL=USR2", env), "signal", signo);
+    expect_quiet_success(&p);
+    expect_kv_str(&p, "sigusr2", "handler");
+    expect_kv_str(&p, "sigusr1", "default");
+    expect_stats_file(path, 3);
+}
+
+Test(process, stats_signal_zero_installs_no_handler, .timeout = 20)
+{
+    /* IPCCACHE_STATS_SIGNAL=0: the cache works, and no signal disposition changes. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STATS_SIGNAL=0"), "openclose", "5");
+    expect_quiet_success(&p);
+    expect_kv(&p, "maps", 1);
+    expect_kv_str(&p, "sigusr1", "default");
+    expect_kv_str(&p, "sigusr2", "default");
+}
+
+Test(process, stats_go_to_an_existing_request_file, .timeout = 20)
+{
+    /* Without a stats file, <IPCCACHE_STATS_DIR>/ipccache-<pid>.stats receives the line if it exists. */
+    char env[PATH_MAX + 32], path[PATH_MAX + 64];
+    snprintf(env, sizeof(env), "IPCCACHE_STATS_DIR=%s", tmpdir);
+    struct proc p;
+    probe(&p, ENV(env), "signal_request");
+    expect_quiet_success(&p);
+    snprintf(path, sizeof(path), "%s/ipccache-%lld.stats", tmpdir, kv(&p, "pid"));
+    expect_stats_file(path, 3);
+}
+
+Test(process, stats_go_to_stderr_without_a_file, .timeout = 20)
+{
+    /* No stats file and no request file: the line goes to stderr, and no file appears. */
+    char env[PATH_MAX + 32], path[PATH_MAX + 64];
+    snprintf(env, sizeof(env), "IPCCACHE_STATS_DIR=%s", tmpdir);
+    struct proc p;
+    probe(&p, ENV(env), "signal");
+    cr_assert(eq(int, exit_code(&p), 0), "stderr:\n%s", p.err);
+    cr_assert(eq(int, count_lines(p.err), 1), "stderr:\n%s", p.err);
+    cr_assert(eq(int, strncmp(p.err, "{\"schema\":", 10), 0), "%s", p.err);
+    cr_assert(eq(ullong, json_u64(p.err, "opens"), 3));
+    snprintf(path, sizeof(path), "%s/ipccache-%lld.stats", tmpdir, kv(&p, "pid"));
+    cr_assert_neq(access(path, F_OK), 0, "%s was created", path);
+}

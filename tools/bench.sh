@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# tools/bench.sh - `make bench`: what does ipccache save?
+#
+# 1. tools/ipcbench.cu, built as build/bench/ipcbench_{static,shared}: CUDA IPC
+#    open+close pair latency by allocation size, runtime API (cudart static
+#    and shared) and driver API; each run is A1 (no shim) / B (shim) / A2 (no
+#    shim) inside one exporter process.
+# 2. tools/bench_sglang_pattern.py: SGLang's CUDA IPC multimodal transport,
+#    run A/B/A as cache on / off / on.
+# 3. tools/plot_bench.py: medians over repetitions, bench.png, summary.md
+#    (also printed: the tables for the README's Performance section).
+# With two or more GPUs, everything is also run across devices (GPU0 -> GPU1).
+#
+# Environment:
+#   IPCCACHE_LIB  the shim (default build/libipccache.so)
+#   BENCH_OUT     results folder (default results/<yyyymmdd>-<gpu-name>)
+#   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
+#   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
+#   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
+set -u -o pipefail
+
+cd "$(dirname "$0")/.." || exit 2
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+NVCC=${NVCC:-$CUDA_HOME/bin/nvcc}
+PYTHON=${PYTHON:-python3}
+LIB=${IPCCACHE_LIB:-build/libipccache.so}
+QUICK=${BENCH_QUICK:-0}
+BUILD=build/bench
+FAILURES=0
+
+if [ "$QUICK" = 1 ]; then
+    REPS=${BENCH_REPS:-1}
+    IPC_ARGS=(--real-iters 50 --held-iters 500 --hit-iters 5000 --max-mode-seconds 0.5)
+    SG_ARGS=(--warmup 20 --requests 200 --rate-requests 200 --rate 200)
+else
+    REPS=${BENCH_REPS:-3}
+    IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
+    SG_ARGS=(--warmup 50 --requests 500 --rate-requests 500 --rate 200)
+fi
+RUN_TIMEOUT=300
+
+note() { echo "bench: $*" >&2; }
+
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+if [ "${NGPU:-0}" -lt 1 ]; then
+    echo "bench: no NVIDIA GPU found; skipping"
+    exit 0
+fi
+if [ ! -f "$LIB" ]; then
+    echo "bench: $LIB not found (build it first, or set IPCCACHE_LIB)" >&2
+    exit 2
+fi
+LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")
+
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -n1)
+SLUG=$(echo "${GPU_NAME:-gpu}" | tr '[:upper:]' '[:lower:]' | sed -e 's/[^a-z0-9][^a-z0-9]*/-/g' -e 's/^-//' -e 's/-$//')
+OUT=${BENCH_OUT:-results/$(date +%Y%m%d)-$SLUG}
+RAW=$OUT/raw
+mkdir -p "$RAW" "$BUILD"
+note "$NGPU GPU(s) ($GPU_NAME), $REPS repetition(s), quick=$QUICK, results in $OUT"
+
+gpu_arch() {
+    local cc
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 2>/dev/null | tr -d ' .')
+    case "$cc" in ''|*[!0-9]*) cc=90 ;; esac
+    echo "-gencode arch=compute_$cc,code=[sm_$cc,compute_$cc]"
+}
+
+build_ipcbench() {
+    local rt arch
+    arch=$(gpu_arch)
+    for rt in static shared; do
+        # shellcheck disable=SC2086  # $arch is several words on purpose
+        "$NVCC" -O2 -std=c++17 $arch -cudart "$rt" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" \
+            -o "$BUILD/ipcbench_$rt" tools/ipcbench.cu -L"$CUDA_HOME/lib64/stubs" -lcuda -lpthread \
+            >"$RAW/build_ipcbench_$rt.log" 2>&1 || { note "build of ipcbench_$rt failed: $RAW/build_ipcbench_$rt.log"; return 1; }
+    done
+}
+
+write_machine_json() {
+    local smi_cuda nvcc_rel
+    smi_cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n1)
+    nvcc_rel=$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -n1)
+    GPU_NAME="$GPU_NAME" NGPU="$NGPU" SMI_CUDA="$smi_cuda" NVCC_REL="$nvcc_rel" REPS="$REPS" QUICK="$QUICK" \
+    DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0 2>/dev/null | head -n1) \
+    "$PYTHON" - "$OUT/machine.json" <<'EOF'
+import json, os, sys, time
+try:
+    import torch
+    torch_version, torch_cuda = torch.__version__, torch.version.cuda
+except Exception:
+    torch_version = torch_cuda = None
+e = os.environ
+info = {
+    "gpu_name": e["GPU_NAME"], "gpu_count": int(e["NGPU"]), "driver_version": e["DRIVER"],
+    "cuda_version": e["SMI_CUDA"] or None, "nvcc_version": e["NVCC_REL"] or None,
+    "torch_version": torch_version, "torch_cuda": torch_cuda, "cpu_count": os.cpu_count(),
+    "reps": int(e["REPS"]), "quick": e["QUICK"] == "1", "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+}
+with open(sys.argv[1], "w") as f:
+    json.dump(info, f, indent=2)
+EOF
+}
+
+# ipcbench_run TAG BINARY ARGS...: one A1/B/A2 exporter run.
+ipcbench_run() {
+    local tag=$1 bin=$2; shift 2
+    local dir=$RAW/ipcbench_$tag.d
+    mkdir -p "$dir"
+    note "ipcbench $tag"
+    if ! timeout "$RUN_TIMEOUT" env -u LD_PRELOAD "$bin" --shim "$LIB" --out "$dir" "${IPC_ARGS[@]}" "$@" \
+        >"$RAW/ipcbench_$tag.csv" 2>"$RAW/ipcbench_$tag.log"; then
+        note "ipcbench $tag failed (see $RAW/ipcbench_$tag.log)"
+        FAILURES=$((FAILURES + 1))
+    fi
+}
+
+# sglang_run TAG LABEL on|off ARGS...
+sglang_run() {
+    local tag=$1 label=$2 cache=$3; shift 3
+    local out=$RAW/sglang_${tag}_$label.json log=$RAW/sglang_${tag}_$label.log
+    local -a envs=(-u LD_PRELOAD)
+    if [ "$cache" = on ]; then
+        envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
+              IPCCACHE_STATS_FILE="$RAW/sglang_stats_${tag}_$label.%p")
+    fi
+    note "sglang pattern $tag $label"
+    if ! timeout "$RUN_TIMEOUT" env "${envs[@]}" "$PYTHON" tools/bench_sglang_pattern.py "${SG_ARGS[@]}" \
+        --label "$label" --out "$out" "$@" >"$log" 2>&1; then
+        note "sglang pattern $tag $label failed (see $log)"
+        FAILURES=$((FAILURES + 1))
+    fi
+}
+
+torch_ready() {
+    "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
+}
+
+main() {
+    local rep dev devs=(0) have_torch=0 started=$SECONDS
+    [ "$NGPU" -ge 2 ] && devs=(0 1)
+    torch_ready && have_torch=1
+    [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: SGLang-pattern benchmark skipped"
+    write_machine_json || note "machine.json not written"
+    build_ipcbench || exit 1
+    for rep in $(seq 1 "$REPS"); do
+        for dev in "${devs[@]}"; do
+            # Variants alternate within a repetition so that drift spreads evenly.
+            ipcbench_run "runtime_static_d${dev}_r$rep" "$BUILD/ipcbench_static" --api runtime --device "$dev"
+            ipcbench_run "runtime_shared_d${dev}_r$rep" "$BUILD/ipcbench_shared" --api runtime --device "$dev"
+            ipcbench_run "driver_d${dev}_r$rep" "$BUILD/ipcbench_shared" --api driver --device "$dev"
+            if [ "$have_torch" = 1 ]; then
+                sglang_run "d${dev}_r$rep" A1-on on --device-consumer "$dev"
+                sglang_run "d${dev}_r$rep" B-off off --device-consumer "$dev"
+                sglang_run "d${dev}_r$rep" A2-on on --device-consumer "$dev"
+            fi
+        done
+    done
+    note "measurements took $((SECONDS - started)) s"
+    "$PYTHON" tools/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
+    note "results in $OUT ($FAILURES failed run(s))"
+    [ "$FAILURES" -eq 0 ]
+}
+
+main
