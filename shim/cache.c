@@ -47,7 +47,10 @@ struct ptr_key {
     uint64_t dptr;
 };
 
-_Static_assert(sizeof(struct ipcc_key) % 8 == 0, "hash_words reads whole words");
+/* The identity part of a key: everything before its cached hash. */
+#define KEY_BYTES offsetof(struct ipcc_key, hash)
+
+_Static_assert(KEY_BYTES % 8 == 0, "hash_words reads whole words");
 _Static_assert(sizeof(struct ptr_key) % 8 == 0, "hash_words reads whole words");
 
 struct ipcc_entry {
@@ -117,8 +120,9 @@ static void top_update(struct ipcc_cache *c, const struct ipcc_entry *e, int hit
     if (e->top_slot < 0)
         return;
     struct ipcc_top_slot *s = &c->top[e->top_slot];
+    /* Writers hold the table lock; only the signal handler reads. */
     if (hit)
-        atomic_fetch_add_explicit(&s->hits, 1, memory_order_relaxed);
+        slot_store(&s->hits, atomic_load_explicit(&s->hits, memory_order_relaxed) + 1);
     slot_store(&s->refs, e->refs);
 }
 
@@ -173,7 +177,8 @@ void ipcc_cache_destroy(struct ipcc_cache *c)
     free(c);
 }
 
-/* Builds a key with every byte defined (uthash hashes padding too). */
+/* Builds a key with every byte defined (the hash covers padding too) and
+ * hashes it here, so the caller can do it before taking the lock. */
 void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id, const void *handle,
                    uint32_t flags)
 {
@@ -181,6 +186,7 @@ void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id, const void *handle,
     k->ctx_id = ctx_id;
     k->flags = flags;
     memcpy(k->handle, handle, IPCC_HANDLE_BYTES);
+    k->hash = hash_words(k, KEY_BYTES);
 }
 
 /* On a hit takes one reference, stores the mapping's pointer in *dptr and
@@ -188,7 +194,7 @@ void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id, const void *handle,
 int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k, uint64_t *dptr)
 {
     struct ipcc_entry *e;
-    HASH_FIND(hh_key, c->by_key, k, sizeof(*k), e);
+    HASH_FIND_BYHASHVALUE(hh_key, c->by_key, k, KEY_BYTES, k->hash, e);
     if (!e)
         return 0;
     if (e->refs++ == 0) {
@@ -227,7 +233,7 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     e->refs = 1;
 
     ipcc_cache_oom = 0;
-    HASH_ADD(hh_key, c->by_key, key, sizeof(e->key), e);
+    HASH_ADD_BYHASHVALUE(hh_key, c->by_key, key, KEY_BYTES, k->hash, e);
     if (ipcc_cache_oom) {
         free(e);
         return -1;

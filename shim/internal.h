@@ -30,6 +30,8 @@ struct ipcc_key {
     uint32_t flags;
     uint32_t zero_pad;
     unsigned char handle[IPCC_HANDLE_BYTES];
+    uint32_t hash;      /* of the bytes above, computed outside the lock */
+    uint32_t zero_pad2;
 };
 
 struct ipcc_entry;
@@ -135,9 +137,21 @@ struct ipcc_counters {
     _Atomic uint64_t real_close_ns, real_close_samples;
 };
 
-IPCC_HIDDEN extern struct ipcc_counters ipcc_stats;
-#define IPCC_COUNT(field) atomic_fetch_add_explicit(&ipcc_stats.field, 1, memory_order_relaxed)
-#define IPCC_ADD(field, n) atomic_fetch_add_explicit(&ipcc_stats.field, (n), memory_order_relaxed)
+/* Counters are striped: each thread adds to its own cache line, so threads
+ * hitting the cache at once do not fight over the counters' line. Readers
+ * sum the stripes. */
+#define IPCC_STRIPES 64
+struct ipcc_counter_stripe {
+    struct ipcc_counters c;
+} __attribute__((aligned(128)));
+
+IPCC_HIDDEN extern struct ipcc_counter_stripe ipcc_stripes[IPCC_STRIPES];
+IPCC_HIDDEN struct ipcc_counters *ipcc_my_stripe(void);
+IPCC_HIDDEN uint64_t ipcc_stat_sum(size_t field_offset);
+#define IPCC_ADD(field, n) \
+    atomic_fetch_add_explicit(&ipcc_my_stripe()->field, (n), memory_order_relaxed)
+#define IPCC_COUNT(field) IPCC_ADD(field, 1)
+#define IPCC_TOTAL(field) ipcc_stat_sum(offsetof(struct ipcc_counters, field))
 
 IPCC_HIDDEN uint64_t ipcc_now_ns(void);
 IPCC_HIDDEN void ipcc_stats_reset(void);

@@ -18,7 +18,32 @@
 #define STATS_SCHEMA 1
 #define LINE_MAX_BYTES 4096
 
-struct ipcc_counters ipcc_stats;
+struct ipcc_counter_stripe ipcc_stripes[IPCC_STRIPES];
+
+static _Atomic unsigned next_stripe;
+static __thread struct ipcc_counters *my_stripe __attribute__((tls_model("initial-exec")));
+
+/* Threads take stripes round-robin on their first count. */
+struct ipcc_counters *ipcc_my_stripe(void)
+{
+    if (__builtin_expect(my_stripe == NULL, 0)) {
+        unsigned i = atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed);
+        my_stripe = &ipcc_stripes[i % IPCC_STRIPES].c;
+    }
+    return my_stripe;
+}
+
+/* Sum of one counter over all stripes. Async-signal-safe. */
+uint64_t ipcc_stat_sum(size_t field_offset)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < IPCC_STRIPES; i++) {
+        const char *base = (const char *)&ipcc_stripes[i].c;
+        total += atomic_load_explicit((const _Atomic uint64_t *)(base + field_offset),
+                                      memory_order_relaxed);
+    }
+    return total;
+}
 
 static struct sigaction previous_action;
 
@@ -37,9 +62,11 @@ static uint64_t load(const _Atomic uint64_t *v)
 /* Fork child: its process starts counting afresh. */
 void ipcc_stats_reset(void)
 {
-    _Atomic uint64_t *f = (_Atomic uint64_t *)&ipcc_stats;
-    for (size_t i = 0; i < sizeof(ipcc_stats) / sizeof(*f); i++)
-        atomic_store_explicit(&f[i], 0, memory_order_relaxed);
+    for (int s = 0; s < IPCC_STRIPES; s++) {
+        _Atomic uint64_t *f = (_Atomic uint64_t *)&ipcc_stripes[s].c;
+        for (size_t i = 0; i < sizeof(struct ipcc_counters) / sizeof(*f); i++)
+            atomic_store_explicit(&f[i], 0, memory_order_relaxed);
+    }
 }
 
 /* ---- a tiny signal-safe JSON writer ------------------------------------- */
@@ -96,12 +123,12 @@ static uint64_t mean(uint64_t total, uint64_t samples)
 
 static void put_counters(struct out *o)
 {
-    put_field(o, "opens", load(&ipcc_stats.opens));
-    put_field(o, "hits", load(&ipcc_stats.hits));
-    put_field(o, "misses", load(&ipcc_stats.misses));
-    put_field(o, "closes", load(&ipcc_stats.closes));
-    put_field(o, "real_opens", load(&ipcc_stats.real_opens));
-    put_field(o, "real_closes", load(&ipcc_stats.real_closes));
+    put_field(o, "opens", IPCC_TOTAL(opens));
+    put_field(o, "hits", IPCC_TOTAL(hits));
+    put_field(o, "misses", IPCC_TOTAL(misses));
+    put_field(o, "closes", IPCC_TOTAL(closes));
+    put_field(o, "real_opens", IPCC_TOTAL(real_opens));
+    put_field(o, "real_closes", IPCC_TOTAL(real_closes));
 }
 
 static void put_gauges(struct out *o)
@@ -111,20 +138,20 @@ static void put_gauges(struct out *o)
     put_field(o, "live", g ? load(&g->live) : 0);
     put_field(o, "idle", g ? load(&g->idle) : 0);
     put_field(o, "idle_bytes", g ? load(&g->idle_bytes) : 0);
-    put_field(o, "evictions", load(&ipcc_stats.evictions));
-    put_field(o, "invalidations", load(&ipcc_stats.invalidations));
-    put_field(o, "passthrough", load(&ipcc_stats.passthrough));
-    put_field(o, "errors", load(&ipcc_stats.errors));
+    put_field(o, "evictions", IPCC_TOTAL(evictions));
+    put_field(o, "invalidations", IPCC_TOTAL(invalidations));
+    put_field(o, "passthrough", IPCC_TOTAL(passthrough));
+    put_field(o, "errors", IPCC_TOTAL(errors));
 }
 
 /* Mean real costs, and what the hits saved at those costs. */
 static void put_costs(struct out *o)
 {
-    uint64_t open_ns = mean(load(&ipcc_stats.real_open_ns), load(&ipcc_stats.real_open_samples));
-    uint64_t close_ns = mean(load(&ipcc_stats.real_close_ns), load(&ipcc_stats.real_close_samples));
+    uint64_t open_ns = mean(IPCC_TOTAL(real_open_ns), IPCC_TOTAL(real_open_samples));
+    uint64_t close_ns = mean(IPCC_TOTAL(real_close_ns), IPCC_TOTAL(real_close_samples));
     put_field(o, "open_ns_mean", open_ns);
     put_field(o, "close_ns_mean", close_ns);
-    put_ms(o, "saved_ms", load(&ipcc_stats.hits) * (open_ns + close_ns) / 1000);
+    put_ms(o, "saved_ms", IPCC_TOTAL(hits) * (open_ns + close_ns) / 1000);
     put_field(o, "max_idle_bytes", ipcc_config.max_idle_bytes);
     put_field(o, "max_idle_entries", ipcc_config.max_idle_entries);
 }
