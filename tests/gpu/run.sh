@@ -74,6 +74,13 @@ build() {
             ok=1
         fi
     done
+    if "$NVCC" -O2 $arch -o "$BUILD_DIR/ctx_teardown" "$HERE/ctx_teardown.cu" \
+        -L"$CUDA_HOME/lib64/stubs" -lcuda >"$OUT_DIR/build_ctx_teardown.log" 2>&1; then
+        pass "build_ctx_teardown"
+    else
+        fail "build_ctx_teardown" "see $OUT_DIR/build_ctx_teardown.log"
+        ok=1
+    fi
     return $ok
 }
 
@@ -150,6 +157,21 @@ ipc_pair_suite() {
         "hits>=5" "real_opens>=1" "opens>=6"
 }
 
+# A reset primary context and a destroyed-then-recreated context must each
+# map the handle again (never return the dead mapping) and read the right data.
+teardown_suite() {
+    local off=$OUT_DIR/teardown_off.txt on=$OUT_DIR/teardown_on.txt sdir=$OUT_DIR/teardown_stats
+    local rc_off=0 rc_on=0 ip
+    run_plain "$off" "$BUILD_DIR/ctx_teardown" || rc_off=$?
+    run_shim "$on" "$sdir" "$BUILD_DIR/ctx_teardown" || rc_on=$?
+    check teardown_no_shim_values test "$(value import_ok "$off")" = 1 -a "$rc_off" = 0
+    check teardown_shim_values test "$(value import_ok "$on")" = 1 -a "$rc_on" = 0
+    ip=$(value pid "$on")
+    # primary_first miss, primary_again hit, then three new contexts: three misses.
+    check teardown_shim_stats python3 "$HERE/stats_check.py" "$(stats_of "$sdir" "${ip:-none}")" \
+        "real_opens==4" "hits==1" "invalidations>=2" "errors==0"
+}
+
 torch_ready() {
     python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
 }
@@ -182,6 +204,7 @@ main() {
     else
         echo "SKIP cross-device ipc_pair (one GPU)"
     fi
+    teardown_suite
     if torch_ready; then
         torch_suite
     else
