@@ -293,6 +293,25 @@ size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
     return n;
 }
 
+/* Removes idle entries of every context but keep_ctx_id (at most cap) and
+ * describes them in out[]; the caller closes them. */
+size_t ipcc_cache_evict_other_contexts(struct ipcc_cache *c, uint64_t keep_ctx_id,
+                                       struct ipcc_victim *out, size_t cap)
+{
+    struct ipcc_entry *e, *tmp;
+    size_t n = 0;
+    DL_FOREACH_SAFE(c->lru, e, tmp) {
+        if (n == cap)
+            break;
+        if (e->key.ctx_id == keep_ctx_id)
+            continue;
+        victim_from(&out[n++], e);
+        unlink_entry(c, e);
+        free(e);
+    }
+    return n;
+}
+
 /* Forgets every entry of a context that no longer exists (its mappings died
  * with it). Returns how many; the first cap are described in out[]. */
 size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,

@@ -80,6 +80,24 @@ void ipcc_evict_over_caps(void)
     evict_until(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, 1);
 }
 
+/* The driver lets one exporter's handles be open in only one context per
+ * device; an idle mapping we keep in another context would make an open
+ * fail that succeeds without us. Closes every idle mapping outside
+ * keep_ctx_id; returns how many. */
+size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id)
+{
+    struct ipcc_victim victims[BATCH];
+    size_t n, total = 0;
+    do {
+        ipcc_lock();
+        n = ipcc_cache_evict_other_contexts(ipcc_table(), keep_ctx_id, victims, BATCH);
+        ipcc_unlock();
+        ipcc_close_victims(victims, n, 1);
+        total += n;
+    } while (n == BATCH);
+    return total;
+}
+
 /* At exit: the application is done with idle mappings; give the exporter
  * its memory back while the driver is still up. */
 void ipcc_release_all_idle(void)

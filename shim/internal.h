@@ -70,6 +70,8 @@ IPCC_HIDDEN enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c,
 IPCC_HIDDEN size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
                                     uint64_t max_idle_entries,
                                     struct ipcc_victim *out, size_t cap);
+IPCC_HIDDEN size_t ipcc_cache_evict_other_contexts(struct ipcc_cache *c, uint64_t keep_ctx_id,
+                                                   struct ipcc_victim *out, size_t cap);
 IPCC_HIDDEN size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,
                                        struct ipcc_victim *out, size_t cap);
 IPCC_HIDDEN size_t ipcc_cache_contexts(struct ipcc_cache *c, void **ctxs,
@@ -217,6 +219,7 @@ IPCC_HIDDEN void ipcc_sweep_dead_contexts(void);
 IPCC_HIDDEN void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted);
 IPCC_HIDDEN void ipcc_evict_over_caps(void);
 IPCC_HIDDEN void ipcc_release_all_idle(void);
+IPCC_HIDDEN size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id);
 
 /* ---- lifecycle.c --------------------------------------------------------- */
 

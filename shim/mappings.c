@@ -134,6 +134,11 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
     IPCC_COUNT(misses);
     uint64_t t0 = ipcc_now_ns();
     CUresult rc = real(pdptr, h, flags);
+    if (rc == CUDA_ERROR_INVALID_HANDLE && ipcc_release_idle_elsewhere(key->ctx_id) > 0) {
+        /* Our idle mapping in another context on this device was in the way. */
+        t0 = ipcc_now_ns();
+        rc = real(pdptr, h, flags);
+    }
     if (rc != CUDA_SUCCESS)
         return count_result(rc);
     IPCC_ADD(real_open_ns, ipcc_now_ns() - t0);

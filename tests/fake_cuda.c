@@ -550,8 +550,22 @@ static CUdeviceptr pick_addr(int s, uint64_t serial)
     return a;
 }
 
+/* The driver lets the handles of one exporting process be open in only one
+ * context per device of the importing process (cuIpcOpenMemHandle's docs;
+ * measured on H200: CUDA_ERROR_INVALID_HANDLE). */
+static int exporter_open_elsewhere(int s, uint64_t pid)
+{
+    for (size_t i = 0; i < g_nmaps; i++)
+        if (g_maps[i].pid == pid && g_maps[i].ctx != s &&
+            g_ctx[g_maps[i].ctx].dev == g_ctx[s].dev)
+            return 1;
+    return 0;
+}
+
 static CUresult add_map(int s, uint64_t pid, uint64_t serial, uint64_t bytes, CUdeviceptr *out)
 {
+    if (exporter_open_elsewhere(s, pid))
+        return CUDA_ERROR_INVALID_HANDLE;
     if (g_nmaps == g_capmaps) {
         size_t cap = g_capmaps ? 2 * g_capmaps : 64;
         struct fmap *n = realloc(g_maps, cap * sizeof *n);

@@ -72,7 +72,7 @@ Test(evict, evicts_in_the_entrys_own_context, .timeout = 10)
     CUdeviceptr a = tu_open(tu_handle(40, 4096));
     tu_close(a);
     CUcontext c2 = NULL;
-    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 1), CUDA_SUCCESS);
     CUdeviceptr b = tu_open(tu_handle(41, 4096));
     tu_close(b);
     cr_assert_eq(fakecuda_refcount(c1, a), 0, "closed in its own context");

@@ -68,7 +68,7 @@ Test(hits, v1_and_v2_share_entries, .timeout = 10)
     cr_assert_eq(tu_driver().maps, 1);
 }
 
-/* The same handle in two contexts is two mappings, each in its own context. */
+/* The same handle in contexts of two devices is two mappings, each in its own context. */
 Test(hits, contexts_do_not_share, .timeout = 10)
 {
     CUcontext c1 = tu_context();
@@ -76,7 +76,7 @@ Test(hits, contexts_do_not_share, .timeout = 10)
     CUdeviceptr a = tu_open(h);
     tu_close(a);
     CUcontext c2 = NULL;
-    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 1), CUDA_SUCCESS);
     cr_assert_neq(c1, c2);
     CUdeviceptr b = tu_open(h);
     cr_assert_eq(tu_driver().maps, 2);
@@ -163,4 +163,33 @@ Test(hits, new_allocation_is_a_miss, .timeout = 10)
     CUdeviceptr b = tu_open(tu_handle(13, 4096));
     cr_assert_eq(tu_driver().maps, 2);
     cr_assert_neq(a, b);
+}
+
+/* An idle cached mapping in another context of the same device must not make
+ * an open fail that the driver allows without the cache: it is closed. */
+Test(hits, idle_mapping_elsewhere_on_device_gives_way, .timeout = 10)
+{
+    CUcontext c1 = tu_context();
+    CUipcMemHandle h = tu_handle(14, 4096);
+    CUdeviceptr a = tu_open(h);
+    tu_close(a);
+    CUcontext c2 = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    CUdeviceptr b = tu_open(h);
+    cr_assert_eq(fakecuda_refcount(c1, a), 0, "the idle mapping in c1 was closed");
+    cr_assert_eq(fakecuda_refcount(c2, b), 1);
+}
+
+/* A live mapping in another context of the same device fails the open as
+ * the driver does without the cache (one context per device per exporter). */
+Test(hits, live_mapping_elsewhere_on_device_is_the_drivers_error, .timeout = 10)
+{
+    CUcontext c1 = tu_context();
+    CUipcMemHandle h = tu_handle(15, 4096);
+    CUdeviceptr a = tu_open(h);
+    CUcontext c2 = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    CUdeviceptr b = 0;
+    cr_assert_eq(cuIpcOpenMemHandle(&b, h, 1), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(fakecuda_refcount(c1, a), 1);
 }

@@ -75,7 +75,7 @@ Test(teardown, other_contexts_survive, .timeout = 10)
     CUipcMemHandle h = tu_handle(24, 4096);
     tu_close(tu_open(h));
     CUcontext c2 = NULL;
-    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 1), CUDA_SUCCESS);
     tu_close(tu_open(h));
     cr_assert_eq(cuCtxDestroy(c2), CUDA_SUCCESS);
     cr_assert_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
