@@ -74,14 +74,19 @@ struct ipcc_cache {
 
 /* ---- small helpers ------------------------------------------------------ */
 
+/* Gauges are written only under the table lock, so a plain load and store
+ * suffice (no locked instruction on the hit path); atomics only so that the
+ * signal handler may read them at any moment. */
 static void gauge_add(_Atomic uint64_t *g, uint64_t n)
 {
-    atomic_fetch_add_explicit(g, n, memory_order_relaxed);
+    atomic_store_explicit(g, atomic_load_explicit(g, memory_order_relaxed) + n,
+                          memory_order_relaxed);
 }
 
 static void gauge_sub(_Atomic uint64_t *g, uint64_t n)
 {
-    atomic_fetch_sub_explicit(g, n, memory_order_relaxed);
+    atomic_store_explicit(g, atomic_load_explicit(g, memory_order_relaxed) - n,
+                          memory_order_relaxed);
 }
 
 static void slot_store(_Atomic uint64_t *f, uint64_t v)
@@ -182,10 +187,11 @@ void ipcc_cache_destroy(struct ipcc_cache *c)
 void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id, const void *handle,
                    uint32_t flags)
 {
-    memset(k, 0, sizeof(*k));
     k->ctx_id = ctx_id;
     k->flags = flags;
+    k->zero_pad = 0;
     memcpy(k->handle, handle, IPCC_HANDLE_BYTES);
+    k->zero_pad2 = 0;
     k->hash = hash_words(k, KEY_BYTES);
 }
 

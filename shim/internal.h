@@ -131,10 +131,12 @@ IPCC_HIDDEN void ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
 
 /* ---- stats.c ------------------------------------------------------------- */
 
+/* Each call is counted once, by outcome; totals (opens, closes,
+ * passthrough) are sums computed by the reader. */
 struct ipcc_counters {
-    _Atomic uint64_t opens, hits, misses, closes;
-    _Atomic uint64_t real_opens, real_closes, evictions, invalidations;
-    _Atomic uint64_t passthrough, errors;
+    _Atomic uint64_t hits, misses, open_passthrough;
+    _Atomic uint64_t close_cached, close_passthrough, close_past_zero;
+    _Atomic uint64_t real_opens, real_closes, evictions, invalidations, errors;
     _Atomic uint64_t real_open_ns, real_open_samples;
     _Atomic uint64_t real_close_ns, real_close_samples;
 };

@@ -91,13 +91,13 @@ static CUresult count_result(CUresult rc)
 static CUresult passthrough_open(open_fn real, CUdeviceptr *pdptr, CUipcMemHandle h,
                                  unsigned flags)
 {
-    IPCC_COUNT(passthrough);
+    IPCC_COUNT(open_passthrough);
     return count_result(real(pdptr, h, flags));
 }
 
 static CUresult passthrough_close(close_fn real, CUdeviceptr dptr)
 {
-    IPCC_COUNT(passthrough);
+    IPCC_COUNT(close_passthrough);
     return count_result(real(dptr));
 }
 
@@ -169,7 +169,6 @@ int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned 
     if (!real)
         return NO_DRIVER;
     ipcc_lifecycle_start();
-    IPCC_COUNT(opens);
 
     void *ctx;
     uint64_t ctx_id;
@@ -197,7 +196,6 @@ int ipcc_close(uint64_t dptr)
     if (!real)
         return NO_DRIVER;
     ipcc_lifecycle_start();
-    IPCC_COUNT(closes);
 
     void *ctx;
     uint64_t ctx_id;
@@ -212,10 +210,12 @@ int ipcc_close(uint64_t dptr)
         return passthrough_close(real, (CUdeviceptr)dptr);
     case IPCC_RELEASE_PAST_ZERO:
         /* The driver would have unmapped at zero and now not know dptr. */
+        IPCC_COUNT(close_past_zero);
         return count_result(CUDA_ERROR_INVALID_VALUE);
     case IPCC_RELEASE_OK:
         break;
     }
+    IPCC_COUNT(close_cached);
     ipcc_evict_over_caps();
     return CUDA_SUCCESS;
 }

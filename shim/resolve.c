@@ -153,9 +153,14 @@ static void find_driver_functions(void)
         ipcc_log(IPCC_LOG_WARN, "driver lacks cuCtxGetCurrent; caching is off");
 }
 
+static _Atomic int driver_found;
+
 const struct ipcc_driver *ipcc_driver(void)
 {
-    pthread_once(&driver_once, find_driver_functions);
+    if (__builtin_expect(!atomic_load_explicit(&driver_found, memory_order_acquire), 0)) {
+        pthread_once(&driver_once, find_driver_functions);
+        atomic_store_explicit(&driver_found, 1, memory_order_release);
+    }
     return &driver;
 }
 

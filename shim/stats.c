@@ -123,10 +123,12 @@ static uint64_t mean(uint64_t total, uint64_t samples)
 
 static void put_counters(struct out *o)
 {
-    put_field(o, "opens", IPCC_TOTAL(opens));
-    put_field(o, "hits", IPCC_TOTAL(hits));
-    put_field(o, "misses", IPCC_TOTAL(misses));
-    put_field(o, "closes", IPCC_TOTAL(closes));
+    uint64_t hits = IPCC_TOTAL(hits), misses = IPCC_TOTAL(misses);
+    put_field(o, "opens", hits + misses + IPCC_TOTAL(open_passthrough));
+    put_field(o, "hits", hits);
+    put_field(o, "misses", misses);
+    put_field(o, "closes", IPCC_TOTAL(close_cached) + IPCC_TOTAL(close_passthrough) +
+                               IPCC_TOTAL(close_past_zero));
     put_field(o, "real_opens", IPCC_TOTAL(real_opens));
     put_field(o, "real_closes", IPCC_TOTAL(real_closes));
 }
@@ -140,7 +142,7 @@ static void put_gauges(struct out *o)
     put_field(o, "idle_bytes", g ? load(&g->idle_bytes) : 0);
     put_field(o, "evictions", IPCC_TOTAL(evictions));
     put_field(o, "invalidations", IPCC_TOTAL(invalidations));
-    put_field(o, "passthrough", IPCC_TOTAL(passthrough));
+    put_field(o, "passthrough", IPCC_TOTAL(open_passthrough) + IPCC_TOTAL(close_passthrough));
     put_field(o, "errors", IPCC_TOTAL(errors));
 }
 
