@@ -26,13 +26,13 @@ real_demo() {
     local stats
     stats=$(mktemp -d)
     echo "demo: exporter and importer are separate processes; A = no cache, B = LD_PRELOAD=$LIB"
-    IPCCACHE_STATS_AT_EXIT=1 IPCCACHE_STATS_FILE="$stats/stats.%p" "$bin" --api runtime --sizes 512M --shim "$LIB" --real-iters 200 --held-iters 200 \
+    "$bin" --out "$stats" --api runtime --sizes 512M --shim "$LIB" --real-iters 200 --held-iters 200 \
         --hit-iters 20000 --threads 1 --max-mode-seconds 1 |
         awk -F, 'NR == 1 { next }
                  $4 == "real_pair" || $4 == "shim_hit_pair" {
                      printf "  %-14s pass %-2s  median %9.1f us per open+close\n", $4, $9, $7 / 1000 }'
     echo "  the cached importer's stats line:"
-    cat "$stats"/stats.* 2>/dev/null | sed 's/^/    /'
+    cat "$stats"/shim_stats_B.* 2>/dev/null | sed 's/^/    /'
     rm -rf "$stats"
 }
 
