@@ -146,12 +146,21 @@ static void unlink_entry(struct ipcc_cache *c, struct ipcc_entry *e)
     top_detach(c, e);
 }
 
-static void victim_from(struct ipcc_victim *v, const struct ipcc_entry *e)
+/* Removes and frees an entry, describing it in out[*n] while there is room;
+ * counts it in *n either way. */
+static void remove_entry(struct ipcc_cache *c, struct ipcc_entry *e,
+                         struct ipcc_victim *out, size_t cap, size_t *n)
 {
-    v->ctx = e->ctx;
-    v->ctx_id = e->key.ctx_id;
-    v->dptr = e->pkey.dptr;
-    v->bytes = e->bytes;
+    if (out && *n < cap) {
+        struct ipcc_victim *v = &out[*n];
+        v->ctx = e->ctx;
+        v->ctx_id = e->key.ctx_id;
+        v->dptr = e->pkey.dptr;
+        v->bytes = e->bytes;
+    }
+    (*n)++;
+    unlink_entry(c, e);
+    free(e);
 }
 
 /* ---- API ---------------------------------------------------------------- */
@@ -290,12 +299,8 @@ size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
                         uint64_t max_idle_entries, struct ipcc_victim *out, size_t cap)
 {
     size_t n = 0;
-    while (n < cap && c->lru && over_caps(c, max_idle_bytes, max_idle_entries)) {
-        struct ipcc_entry *e = c->lru;
-        victim_from(&out[n++], e);
-        unlink_entry(c, e);
-        free(e);
-    }
+    while (n < cap && c->lru && over_caps(c, max_idle_bytes, max_idle_entries))
+        remove_entry(c, c->lru, out, cap, &n);
     return n;
 }
 
@@ -309,11 +314,8 @@ size_t ipcc_cache_evict_other_contexts(struct ipcc_cache *c, uint64_t keep_ctx_i
     DL_FOREACH_SAFE(c->lru, e, tmp) {
         if (n == cap)
             break;
-        if (e->key.ctx_id == keep_ctx_id)
-            continue;
-        victim_from(&out[n++], e);
-        unlink_entry(c, e);
-        free(e);
+        if (e->key.ctx_id != keep_ctx_id)
+            remove_entry(c, e, out, cap, &n);
     }
     return n;
 }
@@ -326,13 +328,8 @@ size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
     HASH_ITER(hh_key, c->by_key, e, tmp) {
-        if (e->key.ctx_id != ctx_id)
-            continue;
-        if (n < cap)
-            victim_from(&out[n], e);
-        n++;
-        unlink_entry(c, e);
-        free(e);
+        if (e->key.ctx_id == ctx_id)
+            remove_entry(c, e, out, cap, &n);
     }
     return n;
 }
