@@ -20,7 +20,7 @@ CFLAGS     ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
-           shim/log.c shim/mappings.c shim/resolve.c shim/stats.c
+           shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c
 SHIM_OBJ = $(SHIM_SRC:%.c=$(BUILD)/%.o) $(BUILD)/shim/dlsym_x86_64.o
 LIB      = $(BUILD)/libipccache.so
 

@@ -226,8 +226,12 @@ IPCC_HIDDEN size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id);
 /* ---- lifecycle.c --------------------------------------------------------- */
 
 IPCC_HIDDEN void ipcc_lifecycle_start(void);
+IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);
+
+/* ---- lock.c -------------------------------------------------------------- */
+
 IPCC_HIDDEN void ipcc_lock(void);
 IPCC_HIDDEN void ipcc_unlock(void);
-IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);
+IPCC_HIDDEN void ipcc_lock_reset(void);
 
 #endif

@@ -5,8 +5,8 @@
  * gets no handler, no atexit entry and no message from us. The first
  * intercepted call reads the settings and sets everything up, once.
  *
- * The table lock is the library's only lock; the fork handlers below take
- * and reset it (musl's fork does the same for its own locks).
+ * The table lock (lock.c) is the library's only lock; the fork handlers
+ * below take it and reset it in the child (musl's fork does the same).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -14,36 +14,12 @@
 
 #include "internal.h"
 
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ipcc_cache *_Atomic table;
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
-
-void ipcc_lock(void)
-{
-    pthread_mutex_lock(&table_lock);
-}
-
-void ipcc_unlock(void)
-{
-    pthread_mutex_unlock(&table_lock);
-}
 
 struct ipcc_cache *ipcc_table(void)
 {
     return table;
-}
-
-/* Adaptive: critical sections are a hash lookup and a reference count, so
- * a waiter spins briefly before sleeping. Measured on H200 hosts with 8
- * threads hitting one handle, this beat a plain spinlock by 3x: the mutex
- * lets a thread keep the lock's cache line for several calls in a row. */
-static void init_lock(void)
-{
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
-    pthread_mutex_init(&table_lock, &attr);
-    pthread_mutexattr_destroy(&attr);
 }
 
 /* ---- fork: no CUDA calls here; the child's CUDA state is not usable ----- */
@@ -62,7 +38,7 @@ static void after_fork_parent(void)
  * The lock may have been taken by a thread that does not exist here. */
 static void after_fork_child(void)
 {
-    init_lock();
+    ipcc_lock_reset();
     ipcc_cache_clear(table);
     ipcc_stats_reset();
     ipcc_contexts_changing();
@@ -95,7 +71,6 @@ static void log_start(void)
 
 static void start(void)
 {
-    init_lock();
     ipcc_config_load();
     if (ipcc_config.disabled) {
         ipcc_log(IPCC_LOG_INFO, "disabled by IPCCACHE_DISABLE; passing calls through");

@@ -160,32 +160,45 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
     return CUDA_SUCCESS;
 }
 
+/* The real function for a call the cache cannot answer itself; NULL only
+ * when no driver is loaded at all. */
+static open_fn real_open(int slot)
+{
+    return (open_fn)ipcc_real(slot);
+}
+
+static CUresult open_uncached(int slot, CUdeviceptr *pdptr, const CUipcMemHandle *h,
+                              unsigned flags)
+{
+    open_fn real = real_open(slot);
+    return real ? passthrough_open(real, pdptr, *h, flags) : NO_DRIVER;
+}
+
+/* The hit path touches neither the real function nor a copy of the handle. */
 int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned flags)
 {
-    open_fn real = (open_fn)ipcc_real(slot);
     CUdeviceptr *pdptr = (CUdeviceptr *)pdptr_u64;
-    CUipcMemHandle h;
-    memcpy(&h, handle_bytes, sizeof(h));
-    if (!real)
-        return NO_DRIVER;
+    const CUipcMemHandle *h = handle_bytes;
     ipcc_lifecycle_start();
 
     void *ctx;
     uint64_t ctx_id;
     if (ipcc_config.disabled || !pdptr || current_context(&ctx, &ctx_id) < 0)
-        return passthrough_open(real, pdptr, h, flags);
+        return open_uncached(slot, pdptr, h, flags);
 
     struct ipcc_key key;
     uint64_t dptr;
-    ipcc_key_init(&key, ctx_id, h.reserved, flags);
+    ipcc_key_init(&key, ctx_id, h->reserved, flags);
     ipcc_lock();
     int hit = ipcc_cache_acquire(ipcc_table(), &key, &dptr);
     ipcc_unlock();
-    if (!hit)
-        return open_miss(real, &key, ctx, pdptr, h, flags);
-    IPCC_COUNT(hits);
-    *pdptr = (CUdeviceptr)dptr;
-    return CUDA_SUCCESS;
+    if (hit) {
+        IPCC_COUNT(hits);
+        *pdptr = (CUdeviceptr)dptr;
+        return CUDA_SUCCESS;
+    }
+    open_fn real = real_open(slot);
+    return real ? open_miss(real, &key, ctx, pdptr, *h, flags) : NO_DRIVER;
 }
 
 /* ---- close -------------------------------------------------------------- */
