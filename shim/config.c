@@ -220,9 +220,11 @@ static void load_one(const struct setting *st)
 void ipcc_config_load(void)
 {
     load_strict();
-    load_one(&settings[3]);
     for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
-        if (i != 3)
+        if (settings[i].set == set_log)
+            load_one(&settings[i]);
+    for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
+        if (settings[i].set != set_log)
             load_one(&settings[i]);
 }
 

@@ -160,7 +160,7 @@ IPCC_HIDDEN uint64_t ipcc_stat_sum(size_t field_offset);
 IPCC_HIDDEN uint64_t ipcc_now_ns(void);
 IPCC_HIDDEN void ipcc_stats_reset(void);
 IPCC_HIDDEN void ipcc_stats_install_handler(void);
-IPCC_HIDDEN void ipcc_stats_write_line(int fd_hint);
+IPCC_HIDDEN void ipcc_stats_write_line(void);
 IPCC_HIDDEN size_t ipcc_stats_format(char *buf, size_t cap);
 
 /* ---- resolve.c: finding the real driver and our hook table -------------- */

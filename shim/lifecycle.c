@@ -52,7 +52,7 @@ static void after_fork_child(void)
 static void at_exit(void)
 {
     if (ipcc_config.stats_at_exit)
-        ipcc_stats_write_line(-1);
+        ipcc_stats_write_line();
     ipcc_release_all_idle();
 }
 

@@ -224,14 +224,14 @@ static int open_destination(void)
 }
 
 /* Writes one stats line with a single write(2). Async-signal-safe. */
-void ipcc_stats_write_line(int fd_hint)
+void ipcc_stats_write_line(void)
 {
     char line[LINE_MAX_BYTES];
     size_t len = ipcc_stats_format(line, sizeof(line));
-    int fd = fd_hint >= 0 ? fd_hint : open_destination();
+    int fd = open_destination();
     ssize_t ignored = write(fd >= 0 ? fd : STDERR_FILENO, line, len);
     (void)ignored;
-    if (fd >= 0 && fd != fd_hint)
+    if (fd >= 0)
         close(fd);
 }
 
@@ -251,7 +251,7 @@ static void chain_previous(int sig, siginfo_t *info, void *uctx)
 static void on_stats_signal(int sig, siginfo_t *info, void *uctx)
 {
     int saved_errno = errno;
-    ipcc_stats_write_line(-1);
+    ipcc_stats_write_line();
     errno = saved_errno;
     chain_previous(sig, info, uctx);
 }

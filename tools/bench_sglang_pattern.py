@@ -135,6 +135,9 @@ def consumer_main(req_q, ack_q, args):
     weight = torch.randn(args.cols, 64, dtype=torch.bfloat16, device=f"cuda:{args.device_consumer}")
     cross = args.device_consumer != args.device_producer
     processed = mismatches = 0
+    # Per feature: the rebuild (opens the handle) and the drop (closes it),
+    # timed apart from the GPU op, i.e. what the cache changes.
+    rebuild_ns, release_ns = [], []
 
     def rebuild(rebuild_args):
         if args.rebuild == "rebuild_cuda_tensor":
@@ -147,7 +150,9 @@ def consumer_main(req_q, ack_q, args):
             break
         req_id, feats = msg
         for f, rebuild_args in enumerate(feats):
+            t0 = time.perf_counter_ns()
             feat = rebuild(rebuild_args)
+            rebuild_ns.append(time.perf_counter_ns() - t0)
             x = feat.to(f"cuda:{args.device_consumer}") if cross else feat
             x @ weight  # the small GPU op; only its cost matters
             torch.cuda.synchronize(args.device_consumer)
@@ -155,10 +160,22 @@ def consumer_main(req_q, ack_q, args):
                 mismatches += 1
             # Dropping the last reference closes the IPC mapping (no cache in
             # torch beyond live storages), as in SGLang's scheduler.
+            t0 = time.perf_counter_ns()
             del feat, x
+            release_ns.append(time.perf_counter_ns() - t0)
         processed += 1
         ack_q.put(("ack", req_id))
-    ack_q.put(("result", {"pid": os.getpid(), "processed": processed, "mismatches": mismatches}))
+    ack_q.put(("result", {"pid": os.getpid(), "processed": processed, "mismatches": mismatches,
+                          "rebuild_us_p50": median_us(rebuild_ns),
+                          "release_us_p50": median_us(release_ns)}))
+
+
+def median_us(samples_ns):
+    """Median of nanosecond samples, in microseconds (None when empty)."""
+    if not samples_ns:
+        return None
+    ordered = sorted(samples_ns)
+    return ordered[len(ordered) // 2] / 1000.0
 
 
 def rebuild_like_sglang(torch, rebuild_args):
