@@ -307,6 +307,27 @@ static int scenario_openclose(int argc, char **argv)
     return bad;
 }
 
+/* Opens and closes N times (0: no IPC at all), prints "ready", then waits
+ * up to SECONDS for someone (ipccache-stats) to ask for its stats. */
+static int scenario_hold(int argc, char **argv)
+{
+    long n = count_arg(argc, argv, 2, 10);
+    long seconds = count_arg(argc, argv, 3, 10);
+    load_driver();
+    use_primary_context();
+    int bad = 0;
+    if (n > 0) {
+        CUipcMemHandle h = foreign_handle(1);
+        struct loop_result r = open_close(&h, n);
+        bad = put_loop(&r);
+    }
+    puts("ready");
+    fflush(stdout);
+    for (long i = 0; i < seconds * 10; i++)
+        usleep(100000); /* a signal cuts one sleep short; keep waiting */
+    return bad;
+}
+
 /* Opens and closes a few times, then raises the stats signal at itself. */
 static int scenario_signal(int argc, char **argv)
 {
@@ -606,6 +627,7 @@ static const struct {
     { "noipc", scenario_noipc, "" },
     { "cudart_sequence", scenario_cudart_sequence, "" },
     { "openclose", scenario_openclose, "[N=100]" },
+    { "hold", scenario_hold, "[N=10] [SECONDS=10]" },
     { "signal", scenario_signal, "[SIGNO=SIGUSR1]" },
     { "signal_request", scenario_signal_request, "[SIGNO=SIGUSR1]" },
     { "exitdeinit", scenario_exitdeinit, "[now]" },

@@ -511,6 +511,64 @@ else
     skip "run: preloading" "no shared object to preload (no stand-in driver, no compiler)"
 fi
 
+# ---- end to end: the real library, the stand-in driver, both tools --------
+
+# wait_ready FILE: until the probe has printed "ready" (5 s at most).
+wait_ready() {
+    local i
+    for i in $(seq 50); do
+        grep -qx ready "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+build=${IPCC_TEST_BUILD:-$root/build}
+probe=$build/tests/probe
+lib=$build/libipccache.so
+if [[ -x $probe && -f $lib ]]; then
+    # A sanitizer build of the library needs its runtime preloaded first.
+    prefix=${IPCC_TEST_PRELOAD_PREFIX:-}
+    # Started through ipccache-run, as an operator would; 99 opens, 98 hits.
+    LD_PRELOAD=$prefix LD_LIBRARY_PATH=$build/tests IPCCACHE_STATS_DIR=$tmp/req \
+        "$RUN_TOOL" --lib "$lib" "$probe" hold 99 20 >"$tmp/probe.out" 2>&1 &
+    real_pid=$!
+    fake_pids+=("$real_pid")
+    if wait_ready "$tmp/probe.out"; then
+        timeout "$LIMIT" "$PY" "$STATS_TOOL" --json "$real_pid" >"$tmp/out" 2>"$tmp/err"
+        rc=$?
+        check "e2e: stats of a real cached process" rc_is 0
+        check "e2e: its hits and real opens" "$PY" -c '
+import json, sys
+p = json.load(open(sys.argv[1]))["processes"][0]
+sys.exit(0 if (p["opens"], p["hits"], p["real_opens"]) == (99, 98, 1) else 1)' "$tmp/out"
+        timeout "$LIMIT" "$PY" "$STATS_TOOL" --prometheus "$real_pid" >"$tmp/out" 2>"$tmp/err"
+        check "e2e: prometheus hits counter" grep -q "^ipccache_hits_total{.*} 98\$" "$tmp/out"
+        check "e2e: the process lives on" kill -0 "$real_pid"
+    else
+        not_ok "e2e: probe under ipccache-run did not start"
+        sed 's/^/#   /' "$tmp/probe.out"
+    fi
+    kill "$real_pid" 2>/dev/null
+
+    # The library is loaded but no IPC happened: no handler, so no signal.
+    LD_LIBRARY_PATH=$build/tests LD_PRELOAD="${prefix:+$prefix:}$lib" "$probe" hold 0 20 \
+        >"$tmp/probe0.out" 2>&1 &
+    idle_pid=$!
+    fake_pids+=("$idle_pid")
+    if wait_ready "$tmp/probe0.out"; then
+        timeout "$LIMIT" "$PY" "$STATS_TOOL" "$idle_pid" >"$tmp/out" 2>"$tmp/err"
+        rc=$?
+        check "e2e: no IPC yet is refused" rc_is 1
+        check "e2e: and that process was not signalled" kill -0 "$idle_pid"
+    else
+        not_ok "e2e: idle probe did not start"
+    fi
+    kill "$idle_pid" 2>/dev/null
+else
+    skip "e2e: real library" "build/tests/probe or build/libipccache.so not built"
+fi
+
 echo "# skipped: $skipped"
 echo "tools: $passed passed, $failed failed"
 [[ $failed == 0 ]]
