@@ -82,3 +82,23 @@ Test(teardown, other_contexts_survive, .timeout = 10)
     tu_close(tu_open(h));
     cr_assert_eq(tu_driver().maps, 2);
 }
+
+/* A new context at a dead one's address has its own identity: a later sweep
+ * (any primary release) keeps its entries, and reference counts stay exact. */
+Test(teardown, reused_address_keeps_its_own_identity, .timeout = 10)
+{
+    CUcontext c1 = tu_context();
+    CUipcMemHandle h = tu_handle(25, 4096);
+    tu_close(tu_open(h));
+    cr_assert_eq(cuCtxDestroy(c1), CUDA_SUCCESS);
+    CUcontext c2 = NULL, other = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(c1, c2);
+    CUdeviceptr a = tu_open(h), b = tu_open(h);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&other, 1), CUDA_SUCCESS);
+    cr_assert_eq(cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS); /* triggers a sweep */
+    cr_assert_eq(cuCtxSetCurrent(c2), CUDA_SUCCESS);
+    tu_close(a);
+    tu_close(b);
+    cr_assert_eq(fakecuda_refcount(c2, a), 1, "the cache still holds its one reference");
+}
