@@ -29,7 +29,7 @@ FAKE       = $(BUILD)/tests/libcuda.so.1
 UNIT_SRC   = tests/test_cache.c tests/test_config.c
 E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
-             $(BUILD)/tests/probe
+             $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan
 
 .PHONY: all test run-tests test-sanitize test-gpu bench demo install uninstall clean check-exports
 
@@ -78,6 +78,12 @@ $(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h $(LIB) $(FAKE) \
 # Runs probe under LD_PRELOAD in fresh processes.
 $(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/test_process.c $(TEST_LIBS)
+
+# Sanitizer runtimes call dlsym before they can serve pthread calls. Where
+# the compiler has no ThreadSanitizer runtime the test skips itself.
+$(BUILD)/tests/hello_tsan: tests/hello_sanitized.c
+	@mkdir -p $(@D)
+	-$(CC) -fsanitize=thread -o $@ $< 2>/dev/null
 
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
 $(BUILD)/tests/probe: tests/probe.c $(FAKE)

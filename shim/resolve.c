@@ -26,9 +26,8 @@ void *(*ipcc_real_dlsym)(void *, const char *);
 /* The dlsym path runs inside sanitizer runtimes' own start-up (ASan looks up
  * mmap with dlsym before its shadow memory exists), so it is never
  * instrumented. */
-#define NOT_SANITIZED __attribute__((no_sanitize("address", "undefined")))
+#define NOT_SANITIZED __attribute__((no_sanitize("address", "undefined", "thread")))
 
-static pthread_once_t real_dlsym_once = PTHREAD_ONCE_INIT;
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static struct ipcc_driver driver;
 
@@ -43,7 +42,8 @@ NOT_SANITIZED static void find_real_dlsym(void)
     for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
         void *p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
         if (p) {
-            ipcc_real_dlsym = (void *(*)(void *, const char *))p;
+            __atomic_store_n(&ipcc_real_dlsym, (void *(*)(void *, const char *))p,
+                             __ATOMIC_RELEASE);
             return;
         }
     }
@@ -51,9 +51,13 @@ NOT_SANITIZED static void find_real_dlsym(void)
     abort();
 }
 
+/* No pthread_once here: sanitizer runtimes call dlsym while initialising
+ * themselves, before their pthread interceptors can run. The lookup has no
+ * side effects, so threads racing through it just store the same value. */
 NOT_SANITIZED static void ensure_real_dlsym(void)
 {
-    pthread_once(&real_dlsym_once, find_real_dlsym);
+    if (__builtin_expect(__atomic_load_n(&ipcc_real_dlsym, __ATOMIC_ACQUIRE) == NULL, 0))
+        find_real_dlsym();
 }
 
 /* ---- the hook table ----------------------------------------------------- */

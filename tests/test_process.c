@@ -372,6 +372,19 @@ Test(process, unrelated_program_is_untouched, .timeout = 20)
     cr_assert(eq(str, p.err, ""));
 }
 
+Test(process, sanitizer_runtime_starts_under_the_preload, .timeout = 20)
+{
+    /* A ThreadSanitizer program, whose runtime calls dlsym before it can serve pthread calls, runs normally. */
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof(path), "%s/tests/hello_tsan", build_dir);
+    if (getenv("IPCC_TEST_PRELOAD_PREFIX") || access(path, X_OK) != 0)
+        cr_skip_test("needs the plain library and build/tests/hello_tsan");
+    struct proc p;
+    run(&p, ARGS(path), NO_ENV);
+    cr_assert(eq(int, exit_code(&p), 0), "stderr:\n%s", p.err);
+    cr_assert(eq(str, p.out, "hello\n"));
+}
+
 Test(process, cuda_without_ipc_leaves_no_trace, .timeout = 20)
 {
     /* A CUDA program that never opens an IPC handle gets no message and no signal handler. */
