@@ -385,6 +385,26 @@ Test(process, sanitizer_runtime_starts_under_the_preload, .timeout = 20)
     cr_assert(eq(str, p.out, "hello\n"));
 }
 
+Test(process, ctypes_lookup_gets_the_hook, .timeout = 20)
+{
+    /* Python's ctypes (Numba's way to the driver) dlsyms the IPC open and gets ipccache's wrapper. */
+    static const char script[] =
+        "import ctypes\n"
+        "class Info(ctypes.Structure):\n"
+        "    _fields_ = [('fname', ctypes.c_char_p), ('fbase', ctypes.c_void_p),\n"
+        "                ('sname', ctypes.c_char_p), ('saddr', ctypes.c_void_p)]\n"
+        "f = ctypes.CDLL('libcuda.so.1').cuIpcOpenMemHandle_v2\n"
+        "info = Info()\n"
+        "ctypes.CDLL(None).dladdr(ctypes.cast(f, ctypes.c_void_p), ctypes.byref(info))\n"
+        "print(info.fname.decode().rsplit('/', 1)[-1])\n";
+    if (access("/usr/bin/python3", X_OK) != 0)
+        cr_skip_test("needs /usr/bin/python3");
+    struct proc p;
+    run(&p, ARGS("/usr/bin/python3", "-c", script), NO_ENV);
+    cr_assert(eq(int, exit_code(&p), 0), "stderr:\n%s", p.err);
+    cr_assert(eq(str, p.out, "libipccache.so\n"));
+}
+
 Test(process, cuda_without_ipc_leaves_no_trace, .timeout = 20)
 {
     /* A CUDA program that never opens an IPC handle gets no message and no signal handler. */
