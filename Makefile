@@ -21,7 +21,13 @@ ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
            shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c
-SHIM_OBJ = $(SHIM_SRC:%.c=$(BUILD)/%.o) $(BUILD)/shim/dlsym_x86_64.o
+# The dlsym trampoline is assembly, one file per architecture.
+ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
+TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o
+ifeq ($(wildcard shim/dlsym_$(ARCH).S),)
+$(error ipccache supports x86_64 and aarch64; $(CC) targets $(ARCH))
+endif
+SHIM_OBJ = $(SHIM_SRC:%.c=$(BUILD)/%.o) $(TRAMPOLINE)
 LIB      = $(BUILD)/libipccache.so
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
@@ -31,7 +37,7 @@ E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/tes
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan
 
-.PHONY: all test run-tests test-sanitize test-gpu bench demo install uninstall clean check-exports
+.PHONY: all test run-tests test-sanitize test-aarch64 test-gpu bench demo install uninstall clean check-exports
 
 all: $(LIB)
 
@@ -39,7 +45,7 @@ $(BUILD)/shim/%.o: shim/%.c shim/internal.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/shim/dlsym_x86_64.o: shim/dlsym_x86_64.S
+$(BUILD)/shim/dlsym_%.o: shim/dlsym_%.S
 	@mkdir -p $(@D)
 	$(CC) $(SANITIZE) -fPIC -c $< -o $@
 
@@ -79,6 +85,11 @@ $(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h $(LIB) $(FAKE) \
 $(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/test_process.c $(TEST_LIBS)
 
+# RTLD_NEXT identity without Criterion (architectures tested under emulation).
+$(BUILD)/tests/rtld_next_check: tests/rtld_next_check.c $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so
+	$(CC) -std=gnu11 -O2 -Wall -Wextra -o $@ $< -L$(BUILD)/tests -Wl,--no-as-needed -lnext1 -lnext2 \
+	    -Wl,-rpath,'$$ORIGIN' -ldl
+
 # Sanitizer runtimes call dlsym before they can serve pthread calls. Where
 # the compiler has no ThreadSanitizer runtime the test skips itself.
 $(BUILD)/tests/hello_tsan: tests/hello_sanitized.c
@@ -102,6 +113,15 @@ test-sanitize:
 	@$(MAKE) --no-print-directory BUILD=build/sanitize \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    run-tests
+
+# The aarch64 build, cross-compiled and run under qemu-user.
+AARCH64_BUILD = build/aarch64
+test-aarch64:
+	@bash tests/setup.sh aarch64
+	@$(MAKE) --no-print-directory CC=aarch64-linux-gnu-gcc BUILD=$(AARCH64_BUILD) \
+	    $(AARCH64_BUILD)/libipccache.so $(AARCH64_BUILD)/tests/libcuda.so.1 \
+	    $(AARCH64_BUILD)/tests/probe $(AARCH64_BUILD)/tests/rtld_next_check
+	@bash tests/test_aarch64.sh $(AARCH64_BUILD)
 
 check-exports: $(LIB)
 	@bash tests/check_exports.sh $(LIB) shim/ipccache.map

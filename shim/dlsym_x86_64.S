@@ -41,8 +41,6 @@ dlsym:
     .cfi_endproc
     .size   dlsym, .-dlsym
 
-#else
-#error "ipccache's dlsym trampoline exists for x86-64 only"
 #endif
 
     .section .note.GNU-stack,"",@progbits

@@ -35,10 +35,10 @@ static struct ipcc_driver driver;
 
 /* The public dlsym is ours, and glibc >= 2.34 has no private alias: ask for
  * the next definition by version. 2.34 first (the current one), then the
- * original x86-64 version for older glibc. */
+ * original version of each architecture (x86-64, aarch64) for older glibc. */
 NOT_SANITIZED static void find_real_dlsym(void)
 {
-    static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5" };
+    static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17" };
     for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
         void *p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
         if (p) {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the test suite's build dependencies are present: installs the
 # missing Debian packages when run as root, otherwise says what to run.
+# "setup.sh aarch64" also checks the cross compiler and qemu-user that
+# make test-aarch64 needs.
 set -euo pipefail
 
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
@@ -9,6 +11,11 @@ missing=()
 [ -f /usr/include/criterion/criterion.h ] || missing+=(libcriterion-dev)
 command -v cc >/dev/null 2>&1 && command -v make >/dev/null 2>&1 || missing+=(build-essential)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+if [ "${1:-}" = aarch64 ]; then
+    command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu)
+    [ -f /usr/aarch64-linux-gnu/include/stdio.h ] || missing+=(libc6-dev-arm64-cross)
+    command -v qemu-aarch64 >/dev/null 2>&1 || missing+=(qemu-user)
+fi
 
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
