@@ -8,7 +8,7 @@
  * last two land here: the real lookup runs first with the caller's arguments,
  * and only a successful answer for a hooked name is replaced by our wrapper.
  *
- * The exported dlsym is an assembly trampoline (dlsym_x86_64.S): it asks
+ * The exported dlsym is an assembly trampoline (dlsym_<arch>.S): it asks
  * ipcc_dlsym_hook() for a wrapper and otherwise jumps - not calls - to the
  * real dlsym, so glibc still sees the original caller's return address and
  * RTLD_NEXT keeps its meaning for every other library.
