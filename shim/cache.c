@@ -286,7 +286,9 @@ enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_i
     return IPCC_RELEASE_OK;
 }
 
-static int over_caps(const struct ipcc_cache *c, uint64_t max_bytes, uint64_t max_entries)
+/* Whether idle mappings exceed either cap. Reads only the gauges, so it is
+ * also a cheap check without the lock. */
+int ipcc_cache_over_caps(const struct ipcc_cache *c, uint64_t max_bytes, uint64_t max_entries)
 {
     return atomic_load_explicit(&c->gauges.idle_bytes, memory_order_relaxed) > max_bytes ||
            atomic_load_explicit(&c->gauges.idle, memory_order_relaxed) > max_entries;
@@ -299,7 +301,7 @@ size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
                         uint64_t max_idle_entries, struct ipcc_victim *out, size_t cap)
 {
     size_t n = 0;
-    while (n < cap && c->lru && over_caps(c, max_idle_bytes, max_idle_entries))
+    while (n < cap && c->lru && ipcc_cache_over_caps(c, max_idle_bytes, max_idle_entries))
         remove_entry(c, c->lru, out, cap, &n);
     return n;
 }

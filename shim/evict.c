@@ -56,28 +56,50 @@ void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted)
     }
 }
 
-/* Evicts in batches so the lock is never held across a driver call. */
-static void evict_until(uint64_t max_bytes, uint64_t max_entries, int evicted)
+/* What one batch takes from the table: cap victims at most, described in out[]. */
+typedef size_t (*take_fn)(struct ipcc_cache *c, const void *arg,
+                          struct ipcc_victim *out, size_t cap);
+
+/* Takes victims from the table and closes them, a batch at a time so the lock
+ * is never held across a driver call. Returns how many were closed or tried. */
+static size_t close_in_batches(take_fn take, const void *arg, int evicted)
 {
     struct ipcc_victim victims[BATCH];
-    size_t n;
+    size_t n, total = 0;
     do {
         ipcc_lock();
-        n = ipcc_cache_evict(ipcc_table(), max_bytes, max_entries, victims, BATCH);
+        n = take(ipcc_table(), arg, victims, BATCH);
         ipcc_unlock();
         ipcc_close_victims(victims, n, evicted);
+        total += n;
     } while (n == BATCH);
+    return total;
+}
+
+struct caps {
+    uint64_t max_bytes, max_entries;
+};
+
+static size_t take_over_caps(struct ipcc_cache *c, const void *arg,
+                             struct ipcc_victim *out, size_t cap)
+{
+    const struct caps *k = arg;
+    return ipcc_cache_evict(c, k->max_bytes, k->max_entries, out, cap);
+}
+
+static size_t take_other_contexts(struct ipcc_cache *c, const void *arg,
+                                  struct ipcc_victim *out, size_t cap)
+{
+    return ipcc_cache_evict_other_contexts(c, *(const uint64_t *)arg, out, cap);
 }
 
 /* Called after every close that left an entry idle; the common case, under
  * both caps, costs two atomic loads and no lock. */
 void ipcc_evict_over_caps(void)
 {
-    const struct ipcc_cache_gauges *g = ipcc_cache_gauges(ipcc_table());
-    if (atomic_load_explicit(&g->idle_bytes, memory_order_relaxed) <= ipcc_config.max_idle_bytes &&
-        atomic_load_explicit(&g->idle, memory_order_relaxed) <= ipcc_config.max_idle_entries)
-        return;
-    evict_until(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, 1);
+    const struct caps k = { ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries };
+    if (ipcc_cache_over_caps(ipcc_table(), k.max_bytes, k.max_entries))
+        close_in_batches(take_over_caps, &k, 1);
 }
 
 /* The driver lets one exporter's handles be open in only one context per
@@ -86,21 +108,13 @@ void ipcc_evict_over_caps(void)
  * keep_ctx_id; returns how many. */
 size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id)
 {
-    struct ipcc_victim victims[BATCH];
-    size_t n, total = 0;
-    do {
-        ipcc_lock();
-        n = ipcc_cache_evict_other_contexts(ipcc_table(), keep_ctx_id, victims, BATCH);
-        ipcc_unlock();
-        ipcc_close_victims(victims, n, 1);
-        total += n;
-    } while (n == BATCH);
-    return total;
+    return close_in_batches(take_other_contexts, &keep_ctx_id, 1);
 }
 
 /* At exit: the application is done with idle mappings; give the exporter
  * its memory back while the driver is still up. */
 void ipcc_release_all_idle(void)
 {
-    evict_until(0, 0, 0);
+    const struct caps nothing = { 0, 0 };
+    close_in_batches(take_over_caps, &nothing, 0);
 }

@@ -70,6 +70,8 @@ IPCC_HIDDEN enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c,
 IPCC_HIDDEN size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
                                     uint64_t max_idle_entries,
                                     struct ipcc_victim *out, size_t cap);
+IPCC_HIDDEN int ipcc_cache_over_caps(const struct ipcc_cache *c, uint64_t max_bytes,
+                                     uint64_t max_entries);
 IPCC_HIDDEN size_t ipcc_cache_evict_other_contexts(struct ipcc_cache *c, uint64_t keep_ctx_id,
                                                    struct ipcc_victim *out, size_t cap);
 IPCC_HIDDEN size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,

@@ -121,9 +121,9 @@ static uint64_t mean(uint64_t total, uint64_t samples)
     return samples ? total / samples : 0;
 }
 
-static void put_counters(struct out *o)
+static void put_counters(struct out *o, uint64_t hits)
 {
-    uint64_t hits = IPCC_TOTAL(hits), misses = IPCC_TOTAL(misses);
+    uint64_t misses = IPCC_TOTAL(misses);
     put_field(o, "opens", hits + misses + IPCC_TOTAL(open_passthrough));
     put_field(o, "hits", hits);
     put_field(o, "misses", misses);
@@ -147,13 +147,13 @@ static void put_gauges(struct out *o)
 }
 
 /* Mean real costs, and what the hits saved at those costs. */
-static void put_costs(struct out *o)
+static void put_costs(struct out *o, uint64_t hits)
 {
     uint64_t open_ns = mean(IPCC_TOTAL(real_open_ns), IPCC_TOTAL(real_open_samples));
     uint64_t close_ns = mean(IPCC_TOTAL(real_close_ns), IPCC_TOTAL(real_close_samples));
     put_field(o, "open_ns_mean", open_ns);
     put_field(o, "close_ns_mean", close_ns);
-    put_ms(o, "saved_ms", IPCC_TOTAL(hits) * (open_ns + close_ns) / 1000);
+    put_ms(o, "saved_ms", hits * (open_ns + close_ns) / 1000);
     put_field(o, "max_idle_bytes", ipcc_config.max_idle_bytes);
     put_field(o, "max_idle_entries", ipcc_config.max_idle_entries);
 }
@@ -192,9 +192,10 @@ size_t ipcc_stats_format(char *buf, size_t cap)
     put_u64(&o, STATS_SCHEMA);
     put_field(&o, "pid", (uint64_t)getpid());
     put_str(&o, ",\"version\":\"" IPCC_VERSION "\"");
-    put_counters(&o);
+    uint64_t hits = IPCC_TOTAL(hits); /* one reading for the count and the saving */
+    put_counters(&o, hits);
     put_gauges(&o);
-    put_costs(&o);
+    put_costs(&o, hits);
     put_top(&o, ipcc_now_ns());
     put_str(&o, "}\n");
     return (size_t)(o.p - buf);
