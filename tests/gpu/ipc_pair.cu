@@ -23,6 +23,8 @@
 
 #include <cuda_runtime.h>
 
+#include <dlfcn.h>
+
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
@@ -239,11 +241,21 @@ bool read_handle(Channel &ch, cudaIpcMemHandle_t *h) {
 
 // K iterations of open / read / close, each for the generation that the
 // exporter names in its ITER line.
+// ioctl(2) calls so far, as counted by tests/gpu/ioctl_count.c when it is
+// preloaded; 0 without it. Seen from outside the shim: a real map or unmap
+// asks the kernel driver, a cache hit does not.
+unsigned long gpu_ioctls() {
+    static unsigned long (*count)(void) =
+        (unsigned long (*)(void))dlsym(RTLD_DEFAULT, "ioctl_count_gpu");
+    return count ? count() : 0;
+}
+
 int import_loop(const Options &o, Channel &ch, const cudaIpcMemHandle_t &h) {
     bool pattern_ok = true, same_ptr = true;
     void *first = nullptr;
     int done = 0;
     char line[128];
+    unsigned long later_ioctls = 0;   // inside open/close, iterations 2..K
     for (int i = 0; i < o.iters; i++) {
         unsigned gen;
         if (!ch.recv(line, sizeof line) || sscanf(line, "ITER %u", &gen) != 1) {
@@ -251,7 +263,9 @@ int import_loop(const Options &o, Channel &ch, const cudaIpcMemHandle_t &h) {
             return 1;
         }
         void *p;
+        unsigned long before = gpu_ioctls();
         cudaError_t e = ipc_open(&p, h);
+        unsigned long in_calls = gpu_ioctls() - before;
         if (e != cudaSuccess) {
             printf("loop_open_failed iter=%d code=%d\n", i, (int)e);
             return 1;
@@ -260,15 +274,19 @@ int import_loop(const Options &o, Channel &ch, const cudaIpcMemHandle_t &h) {
         same_ptr = same_ptr && p == first;
         bool ok = check_pattern(p, check_offset(o.size, i), gen);
         pattern_ok = pattern_ok && ok;
+        before = gpu_ioctls();
         e = cudaIpcCloseMemHandle(p);
+        in_calls += gpu_ioctls() - before;
         if (e != cudaSuccess) {
             printf("loop_close_failed iter=%d code=%d\n", i, (int)e);
             return 1;
         }
+        if (i > 0) later_ioctls += in_calls;
         done++;
         ch.send("%s %d\n", ok ? "OK" : "BAD", i);
     }
     printf("loop_iters=%d\nloop_pattern_ok=%d\nloop_same_ptr=%d\n", done, pattern_ok, same_ptr);
+    printf("loop_later_ioctls=%lu\n", later_ioctls);
     ch.send("DONE pattern_ok=%d\n", pattern_ok);
     return pattern_ok ? 0 : 1;
 }

@@ -27,6 +27,7 @@ SIZE=${IPC_SIZE:-67108864}
 TORCH_ITERS=${TORCH_ITERS:-50}
 RUN_TIMEOUT=${GPU_TEST_TIMEOUT:-180}
 HERE=tests/gpu
+COUNTER=$BUILD_DIR/libioctl_count.so   # counts driver requests from outside the shim
 
 PASSED=0
 FAILED=0
@@ -74,6 +75,13 @@ build() {
             ok=1
         fi
     done
+    if ${CC:-cc} -O2 -fPIC -shared -o "$COUNTER" "$HERE/ioctl_count.c" -ldl \
+        >"$OUT_DIR/build_ioctl_count.log" 2>&1; then
+        pass "build_ioctl_count"
+    else
+        fail "build_ioctl_count" "see $OUT_DIR/build_ioctl_count.log"
+        ok=1
+    fi
     if "$NVCC" -O2 $arch -o "$BUILD_DIR/ctx_teardown" "$HERE/ctx_teardown.cu" \
         -L"$CUDA_HOME/lib64/stubs" -lcuda >"$OUT_DIR/build_ctx_teardown.log" 2>&1; then
         pass "build_ctx_teardown"
@@ -84,10 +92,11 @@ build() {
     return $ok
 }
 
-# run_plain OUTFILE CMD...: without the shim (and without any inherited preload).
+# run_plain OUTFILE CMD...: without the shim (and without any inherited preload
+# but the ioctl counter).
 run_plain() {
     local out=$1; shift
-    timeout "$RUN_TIMEOUT" env -u LD_PRELOAD "$@" >"$out" 2>"$out.err"
+    timeout "$RUN_TIMEOUT" env LD_PRELOAD="$COUNTER" "$@" >"$out" 2>"$out.err"
 }
 
 # run_shim OUTFILE STATSDIR CMD...: the shim preloaded into every process of CMD;
@@ -96,7 +105,7 @@ run_shim() {
     local out=$1 stats=$2; shift 2
     rm -rf "$stats"; mkdir -p "$stats"
     # timeout stays outside the preload so that only the programs get the shim.
-    timeout "$RUN_TIMEOUT" env -u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1 \
+    timeout "$RUN_TIMEOUT" env -u IPCCACHE_DISABLE LD_PRELOAD="$LIB:$COUNTER" IPCCACHE_STATS_AT_EXIT=1 \
         IPCCACHE_STATS_FILE="$stats/stats.%p" "$@" >"$out" 2>"$out.err"
 }
 
@@ -136,6 +145,13 @@ ipc_pair_suite() {
     # With the shim every open in the loop returns the cached mapping.
     check "${tag}_shim_same_ptr" test "$(value loop_same_ptr "$on")" = 1
     check "${tag}_shim_reopen_same_ptr" test "$(value reopen_same_ptr "$on")" = 1
+    # Seen from outside the shim: opens and closes after the first ask the
+    # kernel driver for nothing, where without the shim each one maps/unmaps.
+    local io_off io_on
+    io_off=$(value loop_later_ioctls "$off") io_on=$(value loop_later_ioctls "$on")
+    echo "    ioctls in opens+closes 2..K: without shim ${io_off:-?}, with shim ${io_on:-?}"
+    check "${tag}_driver_requests_counted" test "${io_off:-0}" -gt 0
+    check "${tag}_shim_spares_driver_requests" test "${io_on:-1}" -le "$(( ${io_off:-0} / 10 ))"
 
     # Loop importer (exact): K opens of one handle, all successful -> one real
     # open (the first, a miss) and K-1 hits; K closes, each keeping the mapping
