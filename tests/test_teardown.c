@@ -20,13 +20,56 @@ Test(teardown, destroyed_context_never_returns_dead_mapping, .timeout = 10)
     cr_assert_eq(fakecuda_refcount(c2, p), 1);
 }
 
-/* A reset primary context (cudaDeviceReset) gets a fresh mapping too. */
-Test(teardown, primary_reset_forgets_mappings, .timeout = 10)
+/*
+ * The entries of a dead context must be gone, not merely unreachable: with
+ * room for two idle entries, an idle B in a live context C, then an idle A in
+ * the context kill() ends, a third idle entry D in C must leave B cached (a
+ * leftover A would count and push B out first).
+ */
+static void expect_dead_entries_gone(CUcontext victim, void (*kill)(CUcontext))
+{
+    CUcontext live = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&live, 0, 1), CUDA_SUCCESS);
+    CUdeviceptr b = tu_open(tu_handle(26, 4096));
+    tu_close(b);
+    cr_assert_eq(cuCtxSetCurrent(victim), CUDA_SUCCESS);
+    tu_close(tu_open(tu_handle(27, 4096)));
+    kill(victim);
+    cr_assert_eq(cuCtxSetCurrent(live), CUDA_SUCCESS);
+    tu_close(tu_open(tu_handle(28, 4096)));
+    cr_assert_eq(fakecuda_refcount(live, b), 1, "the dead context's entry took B's room");
+}
+
+static CUcontext retained_primary(void)
 {
     CUcontext pctx = NULL;
     cr_assert_eq(cuInit(0), CUDA_SUCCESS);
     cr_assert_eq(cuDevicePrimaryCtxRetain(&pctx, 0), CUDA_SUCCESS);
     cr_assert_eq(cuCtxSetCurrent(pctx), CUDA_SUCCESS);
+    return pctx;
+}
+
+static void reset_primary(CUcontext ctx)
+{
+    (void)ctx;
+    cr_assert_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+}
+
+static void release_primary(CUcontext ctx)
+{
+    (void)ctx;
+    cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+}
+
+static void destroy(CUcontext ctx)
+{
+    cr_assert_eq(cuCtxDestroy(ctx), CUDA_SUCCESS);
+}
+
+/* A reset primary context (cudaDeviceReset) gets a fresh mapping too. */
+Test(teardown, primary_reset_forgets_mappings, .timeout = 10)
+{
+    CUcontext pctx = retained_primary();
     CUipcMemHandle h = tu_handle(21, 4096);
     tu_close(tu_open(h));
     cr_assert_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
@@ -37,13 +80,17 @@ Test(teardown, primary_reset_forgets_mappings, .timeout = 10)
     cr_assert_eq(fakecuda_refcount(pctx, p), 1);
 }
 
+/* After a reset the old context's entries are dropped from the table. */
+Test(teardown, primary_reset_drops_the_entries, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
+    expect_dead_entries_gone(retained_primary(), reset_primary);
+}
+
 /* Releasing the last reference of a primary context also invalidates. */
 Test(teardown, primary_release_to_zero_forgets_mappings, .timeout = 10)
 {
-    CUcontext pctx = NULL;
-    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
-    cr_assert_eq(cuDevicePrimaryCtxRetain(&pctx, 0), CUDA_SUCCESS);
-    cr_assert_eq(cuCtxSetCurrent(pctx), CUDA_SUCCESS);
+    CUcontext pctx = retained_primary();
     CUipcMemHandle h = tu_handle(22, 4096);
     tu_close(tu_open(h));
     cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
@@ -51,6 +98,21 @@ Test(teardown, primary_release_to_zero_forgets_mappings, .timeout = 10)
     cr_assert_eq(cuCtxSetCurrent(pctx), CUDA_SUCCESS);
     tu_open(h);
     cr_assert_eq(tu_driver().maps, 2);
+}
+
+/* After the last release the old context's entries are dropped too. */
+Test(teardown, primary_release_to_zero_drops_the_entries, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
+    expect_dead_entries_gone(retained_primary(), release_primary);
+}
+
+/* A destroyed context's entries are dropped from the table. */
+Test(teardown, destroy_drops_the_entries, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
+    CUcontext doomed = tu_context();
+    expect_dead_entries_gone(doomed, destroy);
 }
 
 /* A release that leaves the primary context alive keeps its entries. */
@@ -101,4 +163,20 @@ Test(teardown, reused_address_keeps_its_own_identity, .timeout = 10)
     tu_close(a);
     tu_close(b);
     cr_assert_eq(fakecuda_refcount(c2, a), 1, "the cache still holds its one reference");
+}
+
+/* Without cuCtxGetId, a release that leaves the primary context alive
+ * leaves the application's mappings alone: both closes succeed. */
+Test(teardown, primary_release_not_last_without_context_ids, .timeout = 10)
+{
+    setenv("FAKECUDA_NO_CTXGETID", "1", 1);
+    CUcontext pctx = retained_primary();
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&pctx, 0), CUDA_SUCCESS);
+    CUipcMemHandle h = tu_handle(29, 4096);
+    CUdeviceptr a = tu_open(h), b = tu_open(h);
+    cr_assert_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+    tu_close(a);
+    cr_assert_eq(fakecuda_refcount(pctx, b), 1, "still mapped for the second open");
+    tu_close(b);
+    cr_assert_eq(fakecuda_refcount(pctx, b), 0);
 }
