@@ -8,6 +8,16 @@
 #include "internal.h"
 
 static struct ipcc_cache *cache;
+
+/* The link wraps calloc (the Makefile's --wrap; the names are the linker's):
+ * while this is set, every allocation of the table fails. */
+static int fail_calloc;
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size)
+{
+    return fail_calloc ? NULL : __real_calloc(n, size);
+}
 static unsigned char handle_bytes[IPCC_HANDLE_BYTES];
 
 static void setup(void)
@@ -251,4 +261,25 @@ Test(cache, whole_handle_is_the_key)
     uint64_t unused, p;
     cr_assert_eq(ipcc_cache_insert(cache, &a, NULL, 0x1000, 100, 0, &unused), 1);
     cr_assert_eq(ipcc_cache_acquire(cache, &b, &p), 0);
+}
+
+/* Out of memory nothing is cached and the table stays as it was: a new
+ * entry fails, and so does an alias, leaving the entry's references alone
+ * (the caller keeps the driver's reference for the application). */
+Test(cache, out_of_memory_caches_nothing)
+{
+    insert(1, 1, 0x1000, 100);
+    struct ipcc_key k2 = key(1, 2), k3 = key(1, 3);
+    uint64_t cached = 0, p;
+    fail_calloc = 1;
+    int fresh = ipcc_cache_insert(cache, &k3, NULL, 0x3000, 100, 0, &cached);
+    int alias = ipcc_cache_insert(cache, &k2, NULL, 0x1000, 100, 0, &cached);
+    fail_calloc = 0;
+    cr_assert_eq(fresh, -1);
+    cr_assert_eq(alias, -1);
+    cr_assert_eq(ipcc_cache_count(cache), 1);
+    cr_assert_eq(ipcc_cache_acquire(cache, &k2, &p), 0);
+    cr_assert_eq(ipcc_cache_acquire(cache, &k3, &p), 0);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_PAST_ZERO);
 }
