@@ -5,6 +5,11 @@
  * ipccache's tests to run without a GPU, and counts what a real driver would
  * really have done (maps, unmaps) so tests can tell cache hits from driver
  * work.  Includable next to <cuda.h> in C (or C++) test files.
+ *
+ * FAKECUDA_NO_CTXGETID=1 plays a driver before 12.0: cuCtxGetId does not
+ * exist (dlsym and cuGetProcAddress find nothing). Read at each lookup, so a
+ * test may set it before its first one; a program linked against the
+ * stand-in must not call cuCtxGetId directly while it is set.
  */
 #ifndef IPCCACHE_TESTS_FAKE_CUDA_H
 #define IPCCACHE_TESTS_FAKE_CUDA_H
