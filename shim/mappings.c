@@ -135,9 +135,10 @@ static uint64_t mapping_bytes(uint64_t dptr)
     return size;
 }
 
-/* Not cached: map for real, then record the mapping. If another thread's
- * miss on the same key got in first, share its entry and give back the
- * driver reference this call took. */
+/* Not cached: map for real, then record the mapping. If the table already
+ * holds that mapping (another thread's miss on the same key got in first, or
+ * another handle the driver resolved to the same pointer), share its entry
+ * and give back the driver reference this call took: an entry holds one. */
 static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
                           CUdeviceptr *pdptr, CUipcMemHandle h, unsigned flags)
 {
