@@ -64,10 +64,11 @@ $(FAKE): tests/fake_cuda.c tests/fake_cuda.h
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
 # The table and the settings parser, tested alone: no CUDA, no preload.
+# calloc is wrapped so that a test can make the table's allocations fail.
 $(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/internal.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c $(TEST_LIBS)
+	    shim/log.c -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c

@@ -40,7 +40,8 @@ struct ipcc_entry;
 enum ipcc_release_result {
     IPCC_RELEASE_NOT_FOUND,  /* not ours: the driver must answer */
     IPCC_RELEASE_OK,         /* one reference dropped */
-    IPCC_RELEASE_PAST_ZERO,  /* already idle: the driver would say INVALID_VALUE */
+    IPCC_RELEASE_PAST_ZERO,  /* was idle: removed; the cache's reference must be
+                              * closed and the close passed to the driver */
 };
 
 /* An entry removed from the table whose mapping the caller must really close

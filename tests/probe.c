@@ -438,6 +438,64 @@ static int scenario_errors(int argc, char **argv)
     return 0;
 }
 
+/* ---- one mapping reached several ways ------------------------------------ */
+
+typedef CUresult (*ipc_open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned);
+typedef CUresult (*ipc_close_fn)(CUdeviceptr);
+
+/* Opens and closes through the driver's entry points (the preload's when it
+ * is loaded) and past them (what a library bound to the driver itself
+ * reaches), with two exports of one allocation, and prints each call's code.
+ * With and without the preload, every code must be the same, and so must
+ * what is left mapped at exit (one open of B is never closed). */
+static int scenario_mixed(int argc, char **argv)
+{
+    enum { A, A2, B };               /* handles: two exports of one allocation, and another */
+    static const struct {
+        char op;                     /* 'o' open, 'c' close */
+        char via;                    /* 'e' entry point, 'd' direct */
+        int handle;                  /* opened; closed: that handle's pointer */
+    } steps[] = {
+        { 'o', 'e', A }, { 'o', 'e', A2 }, { 'o', 'd', A }, { 'c', 'e', A },
+        { 'o', 'e', B }, { 'c', 'e', A }, { 'c', 'e', A }, { 'c', 'e', A },
+        { 'o', 'd', A2 }, { 'o', 'e', A }, { 'c', 'e', A }, { 'o', 'e', A2 },
+        { 'c', 'e', A }, { 'c', 'd', A }, { 'c', 'e', A }, { 'c', 'e', B },
+        { 'o', 'e', B },
+    };
+    (void)argc, (void)argv;
+    load_driver();
+    use_primary_context();
+    void (*make_export)(CUipcMemHandle *, uint64_t, uint64_t, uint64_t) =
+        fake_hook("fakecuda_make_foreign_export");
+    ipc_open_fn open_direct = (ipc_open_fn)fake_hook("fakecuda_ipc_open_direct");
+    ipc_close_fn close_direct = (ipc_close_fn)fake_hook("fakecuda_ipc_close_direct");
+    CUipcMemHandle h[3];
+    make_export(&h[A], 1, 1 << 20, 0);
+    make_export(&h[A2], 1, 1 << 20, 7);
+    make_export(&h[B], 2, 1 << 20, 0);
+    CUdeviceptr ptr[3] = { 0, 0, 0 };  /* by handle; A2 shares A's */
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        int k = steps[i].handle, slot = k == A2 ? A : k;
+        char key[32];
+        CUresult rc;
+        if (steps[i].op == 'o') {
+            CUdeviceptr p = 0;
+            rc = (steps[i].via == 'e' ? drv.ipc_open : open_direct)(&p, h[k], LAZY);
+            snprintf(key, sizeof(key), "step%02zu_same", i + 1);
+            put(key, ptr[slot] == 0 || p == ptr[slot]);
+            if (rc == CUDA_SUCCESS)
+                ptr[slot] = p;
+        } else {
+            rc = (steps[i].via == 'e' ? drv.ipc_close : close_direct)(ptr[slot]);
+        }
+        snprintf(key, sizeof(key), "step%02zu", i + 1);
+        put(key, rc);
+    }
+    put("refcount_a", drv.refcount(NULL, ptr[A]));
+    put("refcount_b", drv.refcount(NULL, ptr[B]));
+    return 0;
+}
+
 /* ---- threads ------------------------------------------------------------- */
 
 #define THREAD_HANDLES 4
@@ -632,6 +690,7 @@ static const struct {
     { "signal_request", scenario_signal_request, "[SIGNO=SIGUSR1]" },
     { "exitdeinit", scenario_exitdeinit, "[now]" },
     { "errors", scenario_errors, "" },
+    { "mixed", scenario_mixed, "" },
     { "threads", scenario_threads, "[N=8]" },
     { "fork", scenario_fork, "[unguarded]" },
 };

@@ -531,10 +531,68 @@ Test(process, errors_match_the_driver_alone, .timeout = 20)
     expect_errors_as_driver_alone("FAKECUDA_DRIVER_VERSION=13000");
 }
 
-Test(process, errors_match_a_driver_without_context_ids, .timeout = 20)
+Test(process, no_context_ids_pass_every_call_through, .timeout = 20)
 {
-    /* The same on a pre-12.0 driver, where contexts are told apart by address alone. */
-    expect_errors_as_driver_alone("FAKECUDA_NO_CTXGETID=1");
+    /* A driver without cuCtxGetId (before 12.0): every open and close reaches it, and ipccache says so once, at info level. */
+    struct proc p;
+    probe(&p, ENV("FAKECUDA_NO_CTXGETID=1", "IPCCACHE_LOG=info"), "openclose", "100");
+    cr_assert(eq(int, exit_code(&p), 0), "stdout:\n%s\nstderr:\n%s", p.out, p.err);
+    expect_kv(&p, "open_calls", 100);
+    expect_kv(&p, "close_calls", 100);
+    expect_kv(&p, "maps", 100);
+    expect_kv(&p, "unmaps", 100);
+    expect_kv(&p, "refcount", 0);
+    static const char said[] = "ipccache: the driver has no cuCtxGetId";
+    const char *at = strstr(p.err, said);
+    cr_assert_not_null(at, "stderr:\n%s", p.err);
+    cr_assert_null(strstr(at + strlen(said), said), "said twice:\n%s", p.err);
+}
+
+Test(process, no_context_ids_without_info_say_nothing, .timeout = 20)
+{
+    /* The same at the default log level: quiet. */
+    struct proc p;
+    probe(&p, ENV("FAKECUDA_NO_CTXGETID=1"), "openclose", "10");
+    expect_quiet_success(&p);
+    expect_kv(&p, "maps", 10);
+}
+
+/* Runs the mixed scenario with `preload` (a LD_PRELOAD= entry, or NULL for
+ * the default); the stand-in's counters at exit go to *counters. */
+static void run_mixed(struct proc *p, const char *preload, const char *name, char *counters,
+                      size_t cap)
+{
+    char env[PATH_MAX + 32];
+    snprintf(env, sizeof(env), "FAKECUDA_COUNTERS_AT_EXIT=%s", tmp_path(counters, cap, name));
+    if (preload)
+        probe(p, ENV(env, preload), "mixed");
+    else
+        probe(p, ENV(env), "mixed");
+    expect_quiet_success(p);
+}
+
+Test(process, mixed_paths_match_the_driver_alone, .timeout = 20)
+{
+    /* Opens through the cache and past it, two exports of one allocation: every code, every pointer and what is mapped at exit as without the preload. */
+    static struct proc with, without;
+    char cw[PATH_MAX], cwo[PATH_MAX], lw[512], lwo[512];
+    run_mixed(&with, NULL, "with", cw, sizeof(cw));
+    run_mixed(&without, "LD_PRELOAD=", "without", cwo, sizeof(cwo));
+    int compared = 0;
+    for (const char *line = without.out; *line; line = strchr(line, '\n') + 1) {
+        char key[64];
+        if (sscanf(line, "%63[^=]=", key) == 1 && strcmp(key, "pid") != 0) {
+            cr_expect(eq(llong, kv(&with, key), kv(&without, key)), "%s", key);
+            compared++;
+        }
+        if (!strchr(line, '\n'))
+            break;
+    }
+    cr_assert_geq(compared, 17);
+    cr_assert_geq(read_file(cw, lw, sizeof(lw)), 0, "no %s", cw);
+    cr_assert_geq(read_file(cwo, lwo, sizeof(lwo)), 0, "no %s", cwo);
+    cr_assert_not_null(strstr(lwo, " live=1"), "without: %s", lwo);
+    cr_assert_not_null(strstr(lw, " live=1"), "with: %s (without: %s)", lw, lwo);
 }
 
 Test(process, fork_child_starts_with_an_empty_table, .timeout = 20)
