@@ -234,6 +234,7 @@ IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);
 
 IPCC_HIDDEN void ipcc_lock(void);
 IPCC_HIDDEN void ipcc_unlock(void);
+IPCC_HIDDEN int ipcc_lock_try(void);
 IPCC_HIDDEN void ipcc_lock_reset(void);
 
 #endif

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -374,6 +375,38 @@ static int scenario_exitdeinit(int argc, char **argv)
     return bad;
 }
 
+/* exit() from a signal handler, as programs do on a timer or SIGTERM (not
+ * async-signal-safe, and done anyway). */
+static void exit_from_handler(int sig)
+{
+    (void)sig;
+    exit(0);
+}
+
+/* Opens and closes one handle until a timer's handler calls exit(), wherever
+ * the loop is at that moment: often inside ipccache's table lock. */
+static int scenario_exitsignal(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = exit_from_handler;
+    struct itimerval timer = { .it_value = { 0, 2000 } };
+    if (sigaction(SIGALRM, &sa, NULL) != 0)
+        die(EXIT_SETUP, "sigaction: %s", strerror(errno));
+    puts("looping");
+    fflush(stdout);
+    if (setitimer(ITIMER_REAL, &timer, NULL) != 0)
+        die(EXIT_SETUP, "setitimer: %s", strerror(errno));
+    for (long i = 0; i < 100000000; i++)
+        open_close(&h, 1);
+    put("timer_fired", 0);
+    return 1;
+}
+
 /* Each error case, by its code; run with and without the preload, the codes
  * must be the same (the cache returns the driver's errors, never its own). */
 static void error_cases_ipc(CUcontext ctx)
@@ -631,6 +664,7 @@ static const struct {
     { "signal", scenario_signal, "[SIGNO=SIGUSR1]" },
     { "signal_request", scenario_signal_request, "[SIGNO=SIGUSR1]" },
     { "exitdeinit", scenario_exitdeinit, "[now]" },
+    { "exitsignal", scenario_exitsignal, "" },
     { "errors", scenario_errors, "" },
     { "threads", scenario_threads, "[N=8]" },
     { "fork", scenario_fork, "[unguarded]" },

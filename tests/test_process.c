@@ -566,6 +566,19 @@ Test(process, driver_gone_before_exit_handler_is_quiet, .timeout = 20)
     expect_quiet_success(&p);
 }
 
+Test(process, exit_from_a_signal_handler_ends_the_process, .timeout = 60)
+{
+    /* exit() from a handler that interrupted an open or close, often inside the table lock, ends the process every time. */
+    for (int i = 0; i < 20; i++) {
+        struct proc p;
+        probe(&p, NO_ENV, "exitsignal");
+        cr_assert(eq(int, exit_code(&p), 0), "run %d %s; stdout:\n%s\nstderr:\n%s", i + 1,
+                  exit_code(&p) == TIMED_OUT ? "hung at exit" : "failed", p.out, p.err);
+        cr_assert(eq(str, p.out, "looping\n"));
+        cr_assert(eq(str, p.err, ""));
+    }
+}
+
 /* ---- settings ------------------------------------------------------------ */
 
 static const char *const bad_settings[] = {
