@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,13 +90,35 @@ static struct ipcc_hook *hook_by_proc(const char *proc_name, int version)
     return best;
 }
 
+/* The loaded object that holds addr; NULL if none does. */
+NOT_SANITIZED static struct link_map *object_of(const void *addr)
+{
+    Dl_info info;
+    struct link_map *map = NULL;
+    if (!addr || !dladdr1(addr, &info, (void **)&map, RTLD_DL_LINKMAP))
+        return NULL;
+    return map;
+}
+
+/* Keeps the library holding fn loaded for good: we call through pointers
+ * into it up to exit, after the program may have dlclosed it. */
+NOT_SANITIZED static void pin(void *fn)
+{
+    struct link_map *m = object_of(fn);
+    if (!m || !m->l_name[0])
+        return; /* the program itself */
+    void *h = dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+    if (h)
+        dlclose(h); /* drops the reference; RTLD_NODELETE stays */
+}
+
 /* Remembers the first real function seen for a row. Any later one the driver
  * hands out for the same row has the same ABI, so the first stays. */
-static void remember_real(struct ipcc_hook *h, void *real)
+NOT_SANITIZED static void remember_real(struct ipcc_hook *h, void *real)
 {
     void *expected = NULL;
-    if (real && real != h->wrapper)
-        atomic_compare_exchange_strong(&h->real, &expected, real);
+    if (real && real != h->wrapper && atomic_compare_exchange_strong(&h->real, &expected, real))
+        pin(real);
 }
 
 /* A handle on the loaded driver without loading anything: the library that
@@ -145,14 +168,22 @@ void *ipcc_real(int slot)
 
 /* ---- driver functions the cache itself calls ---------------------------- */
 
+/* A driver function the cache calls itself, its library pinned. */
+static void *driver_function(const char *symbol)
+{
+    void *fn = find_in_driver(symbol);
+    pin(fn);
+    return fn;
+}
+
 static void find_driver_functions(void)
 {
-    driver.ctx_get_current = (int (*)(void **))find_in_driver("cuCtxGetCurrent");
-    driver.ctx_get_id = (int (*)(void *, unsigned long long *))find_in_driver("cuCtxGetId");
-    driver.ctx_push = (int (*)(void *))find_in_driver("cuCtxPushCurrent_v2");
-    driver.ctx_pop = (int (*)(void **))find_in_driver("cuCtxPopCurrent_v2");
+    driver.ctx_get_current = (int (*)(void **))driver_function("cuCtxGetCurrent");
+    driver.ctx_get_id = (int (*)(void *, unsigned long long *))driver_function("cuCtxGetId");
+    driver.ctx_push = (int (*)(void *))driver_function("cuCtxPushCurrent_v2");
+    driver.ctx_pop = (int (*)(void **))driver_function("cuCtxPopCurrent_v2");
     driver.mem_get_range =
-        (int (*)(uint64_t *, size_t *, uint64_t))find_in_driver("cuMemGetAddressRange_v2");
+        (int (*)(uint64_t *, size_t *, uint64_t))driver_function("cuMemGetAddressRange_v2");
     if (!driver.ctx_get_current)
         ipcc_log(IPCC_LOG_WARN, "driver lacks cuCtxGetCurrent; caching is off");
 }

@@ -407,6 +407,20 @@ static int scenario_exitsignal(int argc, char **argv)
     return 1;
 }
 
+/* cudart's way in and an idle cached mapping; then the program unloads the
+ * driver it loaded privately, and exits. */
+static int scenario_dlclose(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, 2);
+    int bad = put_loop(&r);
+    put("dlclose_rc", dlclose(drv.lib));
+    return bad;
+}
+
 /* Each error case, by its code; run with and without the preload, the codes
  * must be the same (the cache returns the driver's errors, never its own). */
 static void error_cases_ipc(CUcontext ctx)
@@ -665,6 +679,7 @@ static const struct {
     { "signal_request", scenario_signal_request, "[SIGNO=SIGUSR1]" },
     { "exitdeinit", scenario_exitdeinit, "[now]" },
     { "exitsignal", scenario_exitsignal, "" },
+    { "dlclose", scenario_dlclose, "" },
     { "errors", scenario_errors, "" },
     { "threads", scenario_threads, "[N=8]" },
     { "fork", scenario_fork, "[unguarded]" },

@@ -579,6 +579,23 @@ Test(process, exit_from_a_signal_handler_ends_the_process, .timeout = 60)
     }
 }
 
+Test(process, driver_dlclosed_before_exit_stays_callable, .timeout = 20)
+{
+    /* A program that dlcloses the driver it loaded privately exits cleanly, and the idle mapping is still closed at exit. */
+    char counters[PATH_MAX], env[PATH_MAX + 32], line[512];
+    snprintf(env, sizeof(env), "FAKECUDA_COUNTERS_AT_EXIT=%s",
+             tmp_path(counters, sizeof(counters), "counters"));
+    struct proc p;
+    probe(&p, ENV(env), "dlclose");
+    expect_quiet_success(&p);
+    expect_kv(&p, "refcount", 1);   /* idle in the cache when the driver was closed */
+    expect_kv(&p, "dlclose_rc", 0);
+    cr_assert_geq(read_file(counters, line, sizeof(line)), 0, "no %s", counters);
+    cr_assert(eq(int, count_lines(line), 1), "the driver's destructor ran early:\n%s", line);
+    cr_assert_not_null(strstr(line, "maps=1 unmaps=1 "), "at exit: %s", line);
+    cr_assert_not_null(strstr(line, " live=0"), "at exit: %s", line);
+}
+
 /* ---- settings ------------------------------------------------------------ */
 
 static const char *const bad_settings[] = {
