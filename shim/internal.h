@@ -179,7 +179,7 @@ struct ipcc_driver {
 IPCC_HIDDEN const struct ipcc_driver *ipcc_driver(void);
 IPCC_HIDDEN void *ipcc_real(int slot);
 IPCC_HIDDEN extern void *(*ipcc_real_dlsym)(void *, const char *);
-IPCC_HIDDEN void *ipcc_dlsym_hook(void *handle, const char *name);
+IPCC_HIDDEN void *ipcc_dlsym_hook(void *handle, const char *name, const void *caller);
 
 /* Slots of the hook table; resolve.c owns the table, hooks.c the wrappers. */
 enum ipcc_slot {
@@ -207,7 +207,8 @@ struct ipcc_hook {
 };
 
 IPCC_HIDDEN extern struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT];
-IPCC_HIDDEN void *ipcc_resolve_substitute(const char *symbol, int version, void *real);
+IPCC_HIDDEN void *ipcc_resolve_substitute(const char *symbol, int version, void *real,
+                                         const void *caller);
 
 /* ---- mappings.c: open and close through the cache ----------------------- */
 

@@ -120,6 +120,16 @@ static void bootstrap_resolver(void)
     drv.resolve = (resolver_fn)resolve("cuGetProcAddress", 12000);
 }
 
+/* The stand-in driver's test hooks, then cuInit. */
+static void load_fake_hooks(void)
+{
+    drv.make_foreign = fake_hook("fakecuda_make_foreign_handle");
+    drv.counters = fake_hook("fakecuda_get_counters");
+    drv.refcount = fake_hook("fakecuda_refcount");
+    drv.deinit = fake_hook("fakecuda_deinit");
+    CHECK(drv.init(0));
+}
+
 static void load_driver(void)
 {
     bootstrap_resolver();
@@ -133,11 +143,32 @@ static void load_driver(void)
     drv.ipc_get = resolve("cuIpcGetMemHandle", 4010);
     drv.ipc_open = resolve("cuIpcOpenMemHandle", 11000);
     drv.ipc_close = resolve("cuIpcCloseMemHandle", 4010);
-    drv.make_foreign = fake_hook("fakecuda_make_foreign_handle");
-    drv.counters = fake_hook("fakecuda_get_counters");
-    drv.refcount = fake_hook("fakecuda_refcount");
-    drv.deinit = fake_hook("fakecuda_deinit");
-    CHECK(drv.init(0));
+    load_fake_hooks();
+}
+
+/* A program linked with -lcuda instead: the driver in the global scope, and
+ * each entry point bound as the dynamic linker binds it, to the first
+ * definition in load order (a preloaded library's, if one defines it). */
+static void *linked(const char *name)
+{
+    void *p = dlsym(RTLD_DEFAULT, name);
+    if (!p)
+        die(EXIT_SETUP, "no %s in the global scope", name);
+    return p;
+}
+
+static void load_driver_linked(void)
+{
+    drv.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!drv.lib)
+        die(EXIT_SETUP, "dlopen(libcuda.so.1): %s", dlerror());
+    drv.init = linked("cuInit");
+    drv.device_get = linked("cuDeviceGet");
+    drv.primary_retain = linked("cuDevicePrimaryCtxRetain");
+    drv.ctx_set_current = linked("cuCtxSetCurrent");
+    drv.ipc_open = linked("cuIpcOpenMemHandle_v2");
+    drv.ipc_close = linked("cuIpcCloseMemHandle");
+    load_fake_hooks();
 }
 
 /* Device 0's primary context, made current: what cudart's first runtime
@@ -421,6 +452,43 @@ static int scenario_dlclose(int argc, char **argv)
     return bad;
 }
 
+/* What a second interposer preloaded with ipccache (tests/interposer_lib.c)
+ * counted; the same three fields it defines. */
+struct interposer_counts {
+    long opens, closes, reentries;
+};
+
+/* A program linked with -lcuda, with another interposer of the IPC calls
+ * preloaded before or after ipccache: N opens and closes of one handle must
+ * reach the driver through both libraries without looping between them.
+ * With "resolver", the IPC functions come from the linked cuGetProcAddress. */
+static int scenario_interposed(int argc, char **argv)
+{
+    long n = count_arg(argc, argv, 2, 10);
+    load_driver_linked();
+    if (argc > 3 && strcmp(argv[3], "resolver") == 0) {
+        drv.resolve = (resolver_fn)linked("cuGetProcAddress_v2");
+        drv.ipc_open = resolve("cuIpcOpenMemHandle", 11000);
+        drv.ipc_close = resolve("cuIpcCloseMemHandle", 4010);
+    }
+    use_primary_context();
+    void (*get_counts)(struct interposer_counts *) =
+        (void (*)(struct interposer_counts *))dlsym(RTLD_DEFAULT, "interposer_counts");
+    if (!get_counts)
+        die(EXIT_SETUP, "no interposer library preloaded");
+    put("open_is_hooked", is_hooked((void *)drv.ipc_open));
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, n);
+    int bad = put_loop(&r);
+    put_counters("");
+    struct interposer_counts c;
+    get_counts(&c);
+    put("interposer_opens", c.opens);
+    put("interposer_closes", c.closes);
+    put("interposer_reentries", c.reentries);
+    return bad || c.reentries != 0;
+}
+
 /* Each error case, by its code; run with and without the preload, the codes
  * must be the same (the cache returns the driver's errors, never its own). */
 static void error_cases_ipc(CUcontext ctx)
@@ -680,6 +748,7 @@ static const struct {
     { "exitdeinit", scenario_exitdeinit, "[now]" },
     { "exitsignal", scenario_exitsignal, "" },
     { "dlclose", scenario_dlclose, "" },
+    { "interposed", scenario_interposed, "[N=10] [resolver]" },
     { "errors", scenario_errors, "" },
     { "threads", scenario_threads, "[N=8]" },
     { "fork", scenario_fork, "[unguarded]" },
