@@ -133,7 +133,8 @@ test-aarch64:
 	@bash tests/setup.sh aarch64
 	@$(MAKE) --no-print-directory CC=aarch64-linux-gnu-gcc BUILD=$(AARCH64_BUILD) \
 	    $(AARCH64_BUILD)/libipccache.so $(AARCH64_BUILD)/tests/libcuda.so.1 \
-	    $(AARCH64_BUILD)/tests/probe $(AARCH64_BUILD)/tests/rtld_next_check
+	    $(AARCH64_BUILD)/tests/probe $(AARCH64_BUILD)/tests/rtld_next_check \
+	    $(INTERPOSERS:$(BUILD)/%=$(AARCH64_BUILD)/%)
 	@bash tests/test_aarch64.sh $(AARCH64_BUILD)
 
 check-exports: $(LIB)
