@@ -36,6 +36,8 @@ UNIT_SRC   = tests/test_cache.c tests/test_config.c
 E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan
+INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
+              $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
 .PHONY: all test run-tests test-sanitize test-aarch64 test-gpu bench demo install uninstall clean check-exports
 
@@ -82,8 +84,19 @@ $(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h $(LIB) $(FAKE) \
 	    -Wl,--no-as-needed -lipccache -lnext1 -lnext2 -lcuda -Wl,--as-needed \
 	    -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
+# Another interposer of the IPC calls, preloaded next to ipccache: it finds
+# the next function by RTLD_NEXT, through the driver's handle (_handle) or
+# the linked resolver (_getproc); _resolver hooks cuGetProcAddress instead
+# of exporting the IPC names.
+$(BUILD)/tests/libinterposer_%.so: tests/interposer_lib.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden \
+	    -I$(CUDA_HOME)/include $(SANITIZE) $(if $(filter handle,$*),-DLOOKUP_HANDLE) \
+	    $(if $(filter getproc,$*),-DLOOKUP_RESOLVER) \
+	    $(if $(filter resolver,$*),-DHOOK_RESOLVER) -o $@ $< -ldl
+
 # Runs probe under LD_PRELOAD in fresh processes.
-$(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe
+$(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe $(INTERPOSERS)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/test_process.c $(TEST_LIBS)
 
 # RTLD_NEXT identity without Criterion (architectures tested under emulation).
@@ -121,7 +134,8 @@ test-aarch64:
 	@bash tests/setup.sh aarch64
 	@$(MAKE) --no-print-directory CC=aarch64-linux-gnu-gcc BUILD=$(AARCH64_BUILD) \
 	    $(AARCH64_BUILD)/libipccache.so $(AARCH64_BUILD)/tests/libcuda.so.1 \
-	    $(AARCH64_BUILD)/tests/probe $(AARCH64_BUILD)/tests/rtld_next_check
+	    $(AARCH64_BUILD)/tests/probe $(AARCH64_BUILD)/tests/rtld_next_check \
+	    $(INTERPOSERS:$(BUILD)/%=$(AARCH64_BUILD)/%)
 	@bash tests/test_aarch64.sh $(AARCH64_BUILD)
 
 check-exports: $(LIB)

@@ -180,7 +180,7 @@ struct ipcc_driver {
 IPCC_HIDDEN const struct ipcc_driver *ipcc_driver(void);
 IPCC_HIDDEN void *ipcc_real(int slot);
 IPCC_HIDDEN extern void *(*ipcc_real_dlsym)(void *, const char *);
-IPCC_HIDDEN void *ipcc_dlsym_hook(void *handle, const char *name);
+IPCC_HIDDEN void *ipcc_dlsym_hook(void *handle, const char *name, const void *caller);
 
 /* Slots of the hook table; resolve.c owns the table, hooks.c the wrappers. */
 enum ipcc_slot {
@@ -208,7 +208,8 @@ struct ipcc_hook {
 };
 
 IPCC_HIDDEN extern struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT];
-IPCC_HIDDEN void *ipcc_resolve_substitute(const char *symbol, int version, void *real);
+IPCC_HIDDEN void *ipcc_resolve_substitute(const char *symbol, int version, void *real,
+                                         const void *caller);
 
 /* ---- mappings.c: open and close through the cache ----------------------- */
 
@@ -235,6 +236,7 @@ IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);
 
 IPCC_HIDDEN void ipcc_lock(void);
 IPCC_HIDDEN void ipcc_unlock(void);
+IPCC_HIDDEN int ipcc_lock_try(void);
 IPCC_HIDDEN void ipcc_lock_reset(void);
 
 #endif

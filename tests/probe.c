@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -119,6 +120,16 @@ static void bootstrap_resolver(void)
     drv.resolve = (resolver_fn)resolve("cuGetProcAddress", 12000);
 }
 
+/* The stand-in driver's test hooks, then cuInit. */
+static void load_fake_hooks(void)
+{
+    drv.make_foreign = fake_hook("fakecuda_make_foreign_handle");
+    drv.counters = fake_hook("fakecuda_get_counters");
+    drv.refcount = fake_hook("fakecuda_refcount");
+    drv.deinit = fake_hook("fakecuda_deinit");
+    CHECK(drv.init(0));
+}
+
 static void load_driver(void)
 {
     bootstrap_resolver();
@@ -132,11 +143,32 @@ static void load_driver(void)
     drv.ipc_get = resolve("cuIpcGetMemHandle", 4010);
     drv.ipc_open = resolve("cuIpcOpenMemHandle", 11000);
     drv.ipc_close = resolve("cuIpcCloseMemHandle", 4010);
-    drv.make_foreign = fake_hook("fakecuda_make_foreign_handle");
-    drv.counters = fake_hook("fakecuda_get_counters");
-    drv.refcount = fake_hook("fakecuda_refcount");
-    drv.deinit = fake_hook("fakecuda_deinit");
-    CHECK(drv.init(0));
+    load_fake_hooks();
+}
+
+/* A program linked with -lcuda instead: the driver in the global scope, and
+ * each entry point bound as the dynamic linker binds it, to the first
+ * definition in load order (a preloaded library's, if one defines it). */
+static void *linked(const char *name)
+{
+    void *p = dlsym(RTLD_DEFAULT, name);
+    if (!p)
+        die(EXIT_SETUP, "no %s in the global scope", name);
+    return p;
+}
+
+static void load_driver_linked(void)
+{
+    drv.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!drv.lib)
+        die(EXIT_SETUP, "dlopen(libcuda.so.1): %s", dlerror());
+    drv.init = linked("cuInit");
+    drv.device_get = linked("cuDeviceGet");
+    drv.primary_retain = linked("cuDevicePrimaryCtxRetain");
+    drv.ctx_set_current = linked("cuCtxSetCurrent");
+    drv.ipc_open = linked("cuIpcOpenMemHandle_v2");
+    drv.ipc_close = linked("cuIpcCloseMemHandle");
+    load_fake_hooks();
 }
 
 /* Device 0's primary context, made current: what cudart's first runtime
@@ -372,6 +404,89 @@ static int scenario_exitdeinit(int argc, char **argv)
     if (argc > 2 && strcmp(argv[2], "now") == 0)
         drv.deinit();
     return bad;
+}
+
+/* exit() from a signal handler, as programs do on a timer or SIGTERM (not
+ * async-signal-safe, and done anyway). */
+static void exit_from_handler(int sig)
+{
+    (void)sig;
+    exit(0);
+}
+
+/* Opens and closes one handle until a timer's handler calls exit(), wherever
+ * the loop is at that moment: often inside ipccache's table lock. */
+static int scenario_exitsignal(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = exit_from_handler;
+    struct itimerval timer = { .it_value = { 0, 2000 } };
+    if (sigaction(SIGALRM, &sa, NULL) != 0)
+        die(EXIT_SETUP, "sigaction: %s", strerror(errno));
+    puts("looping");
+    fflush(stdout);
+    if (setitimer(ITIMER_REAL, &timer, NULL) != 0)
+        die(EXIT_SETUP, "setitimer: %s", strerror(errno));
+    for (long i = 0; i < 100000000; i++)
+        open_close(&h, 1);
+    put("timer_fired", 0);
+    return 1;
+}
+
+/* cudart's way in and an idle cached mapping; then the program unloads the
+ * driver it loaded privately, and exits. */
+static int scenario_dlclose(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, 2);
+    int bad = put_loop(&r);
+    put("dlclose_rc", dlclose(drv.lib));
+    return bad;
+}
+
+/* What a second interposer preloaded with ipccache (tests/interposer_lib.c)
+ * counted; the same three fields it defines. */
+struct interposer_counts {
+    long opens, closes, reentries;
+};
+
+/* A program linked with -lcuda, with another interposer of the IPC calls
+ * preloaded before or after ipccache: N opens and closes of one handle must
+ * reach the driver through both libraries without looping between them.
+ * With "resolver", the IPC functions come from the linked cuGetProcAddress. */
+static int scenario_interposed(int argc, char **argv)
+{
+    long n = count_arg(argc, argv, 2, 10);
+    load_driver_linked();
+    if (argc > 3 && strcmp(argv[3], "resolver") == 0) {
+        drv.resolve = (resolver_fn)linked("cuGetProcAddress_v2");
+        drv.ipc_open = resolve("cuIpcOpenMemHandle", 11000);
+        drv.ipc_close = resolve("cuIpcCloseMemHandle", 4010);
+    }
+    use_primary_context();
+    void (*get_counts)(struct interposer_counts *) =
+        (void (*)(struct interposer_counts *))dlsym(RTLD_DEFAULT, "interposer_counts");
+    if (!get_counts)
+        die(EXIT_SETUP, "no interposer library preloaded");
+    put("open_is_hooked", is_hooked((void *)drv.ipc_open));
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, n);
+    int bad = put_loop(&r);
+    put_counters("");
+    struct interposer_counts c;
+    get_counts(&c);
+    put("interposer_opens", c.opens);
+    put("interposer_closes", c.closes);
+    put("interposer_reentries", c.reentries);
+    return bad || c.reentries != 0;
 }
 
 /* Each error case, by its code; run with and without the preload, the codes
@@ -689,6 +804,9 @@ static const struct {
     { "signal", scenario_signal, "[SIGNO=SIGUSR1]" },
     { "signal_request", scenario_signal_request, "[SIGNO=SIGUSR1]" },
     { "exitdeinit", scenario_exitdeinit, "[now]" },
+    { "exitsignal", scenario_exitsignal, "" },
+    { "dlclose", scenario_dlclose, "" },
+    { "interposed", scenario_interposed, "[N=10] [resolver]" },
     { "errors", scenario_errors, "" },
     { "mixed", scenario_mixed, "" },
     { "threads", scenario_threads, "[N=8]" },
