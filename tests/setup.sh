@@ -14,6 +14,11 @@ command -v cc >/dev/null 2>&1 && command -v make >/dev/null 2>&1 || missing+=(bu
 if [ "${1:-}" != build ]; then
     [ -f /usr/include/criterion/criterion.h ] || missing+=(libcriterion-dev)
     command -v python3 >/dev/null 2>&1 || missing+=(python3)
+    # The wheel test: make wheel (pip), a fresh virtual environment (venv);
+    # the examples test reads the pod fragment (yaml).
+    python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+    python3 -c 'import yaml' >/dev/null 2>&1 || missing+=(python3-yaml)
 fi
 if [ "${1:-}" = aarch64 ]; then
     command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu)

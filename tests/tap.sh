@@ -26,3 +26,15 @@ tap_summary() {
     echo "$1: $tap_passed passed, $tap_failed failed, $tap_skipped skipped"
     [[ $tap_failed -eq 0 ]]
 }
+
+# A clean start: none of the caller's preload or IPCCACHE_* settings, and a
+# private folder $tmp, removed at exit after tap_cleanup (a suite that
+# starts processes redefines it).
+tap_setup() {
+    unset LD_PRELOAD
+    local name
+    while read -r name; do unset "$name"; done < <(compgen -e | grep '^IPCCACHE_')
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/ipccache-$1.XXXXXX") || exit 1
+    trap 'tap_cleanup; rm -rf "$tmp"' EXIT
+}
+tap_cleanup() { :; }

@@ -10,12 +10,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=tests/tap.sh
 . "$root/tests/tap.sh"
 
-unset LD_PRELOAD
-while read -r name; do unset "$name"; done < <(compgen -e | grep '^IPCCACHE_')
+tap_setup config
 config=$root/build/ipccache-config
 run_tool=$root/tools/ipccache-run
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ipccache-config.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
 TAP_SHOW="$tmp/out $tmp/err"
 
 # Runs "$@" with output in $tmp/out, $tmp/err and the status in $rc.

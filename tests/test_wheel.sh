@@ -22,11 +22,8 @@ if [[ $build == *sanitize* ]]; then
     exit
 fi
 
-unset LD_PRELOAD
-while read -r name; do unset "$name"; done < <(compgen -e | grep '^IPCCACHE_')
+tap_setup wheel
 PY=${PYTHON:-python3}
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ipccache-wheel.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
 TAP_SHOW="$tmp/out $tmp/err"
 offline='Could not find a version|NewConnectionError|Network is unreachable|Temporary failure in name resolution|No matching distribution'
 
@@ -77,6 +74,22 @@ check "wheel: python -m ipccache run" grep -q '^ipccache-run ' "$tmp/out"
 check "wheel: ipccache-stats" eval '[[ $? == 0 && -s "$tmp/out" ]]'
 env IPCCACHE_MAX_IDLE_BYTES=banana "$venv/bin/ipccache-run" --strict /bin/true >"$tmp/out" 2>"$tmp/err"
 check "wheel: ipccache-run checks settings with the packaged ipccache-config" test $? -eq 78
+
+# The other architecture's wheel, cross-built where the cross compiler is.
+cross=aarch64-linux-gnu-gcc other=aarch64
+[[ $arch == aarch64 ]] && cross=x86_64-linux-gnu-gcc other=x86_64
+if command -v "$cross" >/dev/null 2>&1; then
+    CC=$cross make --no-print-directory -C "$root" wheel BUILD="$tmp/$other" >"$tmp/out" 2>"$tmp/err"
+    check "wheel: $other wheel (CC=$cross) tagged py3-none-manylinux_2_17_$other" \
+        test -f "$tmp/$other/dist/ipccache-0.1.0-py3-none-manylinux_2_17_$other.whl"
+    if [[ -x $venv/bin/auditwheel ]]; then
+        "$venv/bin/auditwheel" show "$tmp/$other"/dist/*.whl >"$tmp/out" 2>"$tmp/err"
+        check "wheel: auditwheel show: $other consistent with manylinux_2_17_$other" eval 'tr -s " \n" " " \
+            <"$tmp/out" | grep -qF "consistent with the following platform tag: \"manylinux_2_17_$other\""'
+    fi
+else
+    skip "wheel: $other wheel" "no $cross (make test-aarch64 installs it)"
+fi
 
 # The main job: opens of one handle under the installed library hit the cache.
 probe=$root/$build/tests/probe
