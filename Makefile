@@ -170,7 +170,7 @@ demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
 
 # ---- packages -----------------------------------------------------------------
 
-# pyproject.toml: hatchling runs this Makefile (BUILD=build/wheel) and tags
+# pyproject.toml: hatchling runs this Makefile (BUILD=build/wheel-<arch>) and tags
 # the wheel from the glibc versions the library really needs.
 wheel: | prereqs
 	python3 -m pip wheel --no-deps --wheel-dir $(BUILD)/dist .

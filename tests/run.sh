@@ -9,9 +9,11 @@
 #     a time (the machine has two cores); their "Synthesis:" lines are summed,
 #     and the tests they list but did not run are the skipped ones;
 #   - tests/check_exports.sh on BUILD/libipccache.so, counted as one check;
-#   - every other tests/test_*.sh (tools, config tool, docs, wheel) but
-#     test_aarch64.sh, each ending with a "WORD: N passed, M failed[, K
-#     skipped]" line that is added in.
+#   - every other tests/test_*.sh (tools, config tool, docs, examples,
+#     install, wheel; not test_aarch64.sh), each ending with a "WORD: N
+#     passed, M failed[, K skipped]" line that is added in;
+#   - no line of the library's ("ipccache: ...") in all that output, one
+#     check: a test that expects a message captures it.
 
 set -u
 
