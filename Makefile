@@ -1,12 +1,21 @@
 # ipccache - a cache of CUDA IPC mappings, loaded with LD_PRELOAD.
+# Prerequisites: a C compiler, make, uthash (uthash-dev) and the CUDA headers
+# (CUDA_HOME); the targets below install the Debian packages they miss when
+# run as root, otherwise they print the command.
 #
-#   make                 build build/libipccache.so
+#   make                 build build/libipccache.so and build/ipccache-config
+#   make help            this list
 #   make test            run the test suite (no GPU needed)
 #   make test-sanitize   the same under ASan + UBSan
+#   make test-aarch64    the aarch64 build, its checks run under qemu-user
+#   make check-exports   the library exports only the intercepted names
 #   make test-gpu        prove it on a real GPU (says so when there is none)
 #   make bench           benchmarks on a real GPU
 #   make demo            show the main job (simulated without a GPU)
+#   make wheel           build/dist/ipccache-*.whl (pip install it)
 #   make install         PREFIX=/usr/local DESTDIR=
+#   make uninstall       remove what make install put there, and the folders it made
+#   make clean           remove build/
 
 CUDA_HOME ?= /usr/local/cuda
 PREFIX    ?= /usr/local
@@ -29,6 +38,9 @@ $(error ipccache supports x86_64 and aarch64; $(CC) targets $(ARCH))
 endif
 SHIM_OBJ = $(SHIM_SRC:%.c=$(BUILD)/%.o) $(TRAMPOLINE)
 LIB      = $(BUILD)/libipccache.so
+CONFIG_TOOL = $(BUILD)/ipccache-config
+# What ships (library, ipccache-config) is bound to old glibc symbol versions.
+FLOOR    = -include shim/glibc_floor.h
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
 FAKE       = $(BUILD)/tests/libcuda.so.1
@@ -39,13 +51,22 @@ TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/tes
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
-.PHONY: all test run-tests test-sanitize test-aarch64 test-gpu bench demo install uninstall clean check-exports
+.PHONY: all help prereqs test run-tests test-sanitize test-aarch64 test-gpu bench demo wheel \
+        install uninstall clean check-exports
 
-all: $(LIB)
+all: $(LIB) $(CONFIG_TOOL)
 
-$(BUILD)/shim/%.o: shim/%.c shim/internal.h
+help:
+	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
+
+# The same check as make test, for the build alone: installs uthash when run
+# as root, else prints the apt-get command and stops.
+prereqs:
+	@bash tests/setup.sh build
+
+$(BUILD)/shim/%.o: shim/%.c shim/internal.h shim/glibc_floor.h | prereqs
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(FLOOR) -c $< -o $@
 
 $(BUILD)/shim/dlsym_%.o: shim/dlsym_%.S
 	@mkdir -p $(@D)
@@ -56,6 +77,14 @@ $(LIB): $(SHIM_OBJ) shim/ipccache.map
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(SANITIZE) \
 	    -Wl,--version-script=shim/ipccache.map -Wl,-Bsymbolic-functions -Wl,-z,now \
 	    -ldl -lpthread
+
+# The library's settings parser as a command (ipccache-run checks with it).
+# Static: it then runs on any glibc (an executable's start-up code needs the
+# glibc it was linked with) and needs no library at all.
+$(CONFIG_TOOL): tools/ipccache_config.c shim/config.c shim/log.c shim/internal.h | prereqs
+	@mkdir -p $(@D)
+	$(CC) $(filter-out -fsanitize=% -fno-sanitize-recover=%,$(ALL_CFLAGS)) -static -o $@ \
+	    tools/ipccache_config.c shim/config.c shim/log.c
 
 # ---- tests ------------------------------------------------------------------
 
@@ -119,11 +148,13 @@ test:
 	@bash tests/setup.sh
 	@$(MAKE) --no-print-directory run-tests
 
-run-tests: $(LIB) $(FAKE) $(TEST_BINS)
+run-tests: $(LIB) $(CONFIG_TOOL) $(FAKE) $(TEST_BINS)
 	@bash tests/run.sh $(BUILD)
 
+# The tools use the plain build/ipccache-config: built first.
 test-sanitize:
 	@bash tests/setup.sh
+	@$(MAKE) --no-print-directory build/ipccache-config
 	@$(MAKE) --no-print-directory BUILD=build/sanitize \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    run-tests
@@ -152,17 +183,36 @@ bench: | $(LIB)
 demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
 	@IPCCACHE_LIB=$(abspath $(LIB)) BUILD=$(BUILD) bash tools/demo.sh
 
+# ---- packages -----------------------------------------------------------------
+
+# pyproject.toml: hatchling runs this Makefile (BUILD=build/wheel-<arch>) and tags
+# the wheel from the glibc versions the library really needs.
+wheel: | prereqs
+	python3 -m pip wheel --no-deps --wheel-dir $(BUILD)/dist .
+
 # ---- install ------------------------------------------------------------------
 
-install: $(LIB)
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man7
-	install -m 0755 $(LIB) $(DESTDIR)$(PREFIX)/lib/libipccache.so
-	install -m 0755 tools/ipccache-run tools/ipccache-stats $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 tools/ipccache.7 $(DESTDIR)$(PREFIX)/share/man/man7/ipccache.7
+# Files installed, relative to PREFIX; the folders install makes are listed
+# in share/ipccache/folders so that uninstall removes only those.
+INSTALL_DIRS = lib bin share share/man share/man/man7 share/ipccache
+DEST         = $(DESTDIR)$(PREFIX)
+FOLDERS      = $(DEST)/share/ipccache/folders
+
+install: $(LIB) $(CONFIG_TOOL)
+	@made=; for d in $(INSTALL_DIRS); do [ -d "$(DEST)/$$d" ] || made="$$made $$d"; done; \
+	    install -d $(addprefix $(DEST)/,$(INSTALL_DIRS)) && \
+	    if [ -n "$$made" ] || [ ! -f "$(FOLDERS)" ]; then printf '%s\n' $$made > "$(FOLDERS)"; fi
+	install -m 0755 $(LIB) $(DEST)/lib/libipccache.so
+	install -m 0755 tools/ipccache-run tools/ipccache-stats $(CONFIG_TOOL) $(DEST)/bin/
+	install -m 0644 tools/ipccache.7 $(DEST)/share/man/man7/ipccache.7
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/lib/libipccache.so $(DESTDIR)$(PREFIX)/bin/ipccache-run \
-	    $(DESTDIR)$(PREFIX)/bin/ipccache-stats $(DESTDIR)$(PREFIX)/share/man/man7/ipccache.7
+	rm -f $(DEST)/lib/libipccache.so $(DEST)/bin/ipccache-run $(DEST)/bin/ipccache-stats \
+	    $(DEST)/bin/ipccache-config $(DEST)/share/man/man7/ipccache.7
+	@if [ -f "$(FOLDERS)" ]; then \
+	    made=$$(tac "$(FOLDERS)"); rm -f "$(FOLDERS)"; \
+	    for d in $$made; do rmdir "$(DEST)/$$d" 2>/dev/null || true; done; \
+	fi
 
 clean:
 	rm -rf build

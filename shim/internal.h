@@ -127,6 +127,16 @@ IPCC_HIDDEN int ipcc_parse_count(const char *s, uint64_t *out);
 IPCC_HIDDEN int ipcc_parse_signal(const char *s, int *out);
 IPCC_HIDDEN int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out);
 
+/* One IPCCACHE_* variable: its parser (0 or -1) and its documentation. */
+struct ipcc_setting {
+    const char *name;
+    int (*set)(const char *value);
+    const char *expect;        /* completes "expected ..." */
+    const char *default_text;  /* as the variable would spell it; "" means unset */
+    const char *meaning;
+};
+IPCC_HIDDEN const struct ipcc_setting *ipcc_config_table(size_t *count);
+
 /* ---- log.c --------------------------------------------------------------- */
 
 IPCC_HIDDEN void ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
