@@ -5,6 +5,7 @@
 #   make test-sanitize   the same under ASan + UBSan
 #   make test-gpu        prove it on a real GPU (says so when there is none)
 #   make bench           benchmarks on a real GPU
+#   make peer            PyTorch's and numba's own IPC tests, without and with the cache
 #   make demo            show the main job (simulated without a GPU)
 #   make install         PREFIX=/usr/local DESTDIR=
 
@@ -37,7 +38,7 @@ E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/tes
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan
 
-.PHONY: all test run-tests test-sanitize test-aarch64 test-gpu bench demo install uninstall clean check-exports
+.PHONY: all test run-tests test-sanitize test-aarch64 test-gpu bench peer demo install uninstall clean check-exports
 
 all: $(LIB)
 
@@ -133,6 +134,11 @@ test-gpu: | $(LIB)
 
 bench: | $(LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
+
+# PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py (never committed).
+PEER_DIR ?= .peer
+peer: | $(LIB)
+	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/peer_suites.sh $(PEER_DIR)
 
 demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
 	@IPCCACHE_LIB=$(abspath $(LIB)) BUILD=$(BUILD) bash tools/demo.sh

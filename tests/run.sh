@@ -8,8 +8,8 @@
 #   - the Criterion programs BUILD/tests/test_{unit,e2e,process}, two jobs at
 #     a time (the machine has two cores); their "Synthesis:" lines are summed;
 #   - tests/check_exports.sh on BUILD/libipccache.so, counted as one check;
-#   - tests/test_tools.sh, if present, whose "tools: N passed, M failed" line
-#     is added in.
+#   - tests/test_tools.sh and tests/test_peer.sh, if present, whose
+#     "tools: N passed, M failed" and "peer-suites: ..." lines are added in.
 
 set -u
 
@@ -81,21 +81,23 @@ run_check_exports() {
     fi
 }
 
-run_tools() {
-    local tools=$root/tests/test_tools.sh
-    [[ -f $tools ]] || return
-    echo "== tests/test_tools.sh"
-    bash "$tools" 2>&1 | tee "$log"
+# run_script NAME LABEL: tests/NAME, if present, ending "LABEL: N passed, M failed".
+run_script() {
+    local script=$root/tests/$1
+    [[ -f $script ]] || return
+    echo "== tests/$1"
+    bash "$script" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
-    [[ $rc -eq 0 ]] || { echo "run.sh: tests/test_tools.sh exited with status $rc"; status=1; }
-    add_counts tests/test_tools.sh 'tools: ([0-9]+) passed, ([0-9]+) failed'
+    [[ $rc -eq 0 ]] || { echo "run.sh: tests/$1 exited with status $rc"; status=1; }
+    add_counts "tests/$1" "^$2: ([0-9]+) passed, ([0-9]+) failed"
 }
 
 for t in test_unit test_e2e test_process; do
     run_criterion "$t"
 done
 run_check_exports
-run_tools
+run_script test_tools.sh tools
+run_script test_peer.sh peer-suites
 
 echo "tests: $passed passed, $failed failed"
 [[ $failed -eq 0 && $status -eq 0 ]]
