@@ -20,17 +20,14 @@
 
 #include "testutil.h"
 #include "fake_vmm.h"
+#include "gpu/vmm_pair.h"
 
 #define G FAKEVMM_GRANULARITY
 #define CHUNKS 3
 
 static CUmemGenericAllocationHandle create(void)
 {
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof(prop));
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemAllocationProp prop = vmm_fd_prop();
     CUmemGenericAllocationHandle h = 0;
     cr_assert_eq(cuMemCreate(&h, G, &prop, 0), CUDA_SUCCESS);
     return h;
@@ -60,15 +57,7 @@ static struct fakevmm_counters vmm(void)
     return c;
 }
 
-static CUmemAccessDesc access_on(int dev)
-{
-    CUmemAccessDesc d;
-    memset(&d, 0, sizeof(d));
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = dev;
-    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return d;
-}
+#define access_on vmm_rw_on
 
 /* The consumer's rebuild of a segment (c10's ExpandableSegment::fromShared)
  * from fds[], access for devices 0..ndev-1; returns the range. */

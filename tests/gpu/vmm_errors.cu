@@ -18,6 +18,8 @@
 
 #include <cuda.h>
 
+#include "vmm_pair.h"
+
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,7 +30,6 @@
 #include <unistd.h>
 
 static size_t G;       // allocation granularity
-static CUdevice dev;
 static CUcontext ctx;
 
 static const char *rc_name(CUresult rc)
@@ -50,38 +51,19 @@ static void report(const char *name, CUresult rc)
     report_detail(name, rc, "");
 }
 
-static void must(CUresult rc, const char *what)
-{
-    if (rc != CUDA_SUCCESS) {
-        fprintf(stderr, "vmm_errors: %s failed: %s\n", what, rc_name(rc));
-        exit(1);
-    }
-}
+#define must vmm_must
 
 static void setup(void)
 {
-    must(cuInit(0), "cuInit");
-    must(cuDeviceGet(&dev, 0), "cuDeviceGet");
-    must(cuDevicePrimaryCtxRetain(&ctx, dev), "retain");
-    must(cuCtxSetCurrent(ctx), "set current");
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    ctx = vmm_start_cuda();
+    CUmemAllocationProp prop = vmm_fd_prop();
     must(cuMemGetAllocationGranularity(&G, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
          "granularity");
 }
 
 static CUmemGenericAllocationHandle create(size_t bytes)
 {
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemAllocationProp prop = vmm_fd_prop();
     CUmemGenericAllocationHandle h;
     must(cuMemCreate(&h, bytes, &prop, 0), "cuMemCreate");
     return h;
@@ -164,15 +146,7 @@ static int exporter(int sock)
 
 // ---- the importer's cases ----------------------------------------------------
 
-static CUmemAccessDesc rw_desc(int id)
-{
-    CUmemAccessDesc d;
-    memset(&d, 0, sizeof d);
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = id;
-    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return d;
-}
+#define rw_desc vmm_rw_on
 
 static CUresult import_fd(CUmemGenericAllocationHandle *h, int fd)
 {
@@ -440,17 +414,10 @@ static void stale_handle_case(const char *name, const int *fds)
 
 int main(void)
 {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
-        return 2;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(sv[0]);
-        return exporter(sv[1]);
-    }
-    close(sv[1]);
+    int sock;
+    pid_t pid = vmm_fork_exporter(exporter, &sock);
     int fds[3];
-    recv_fds(sv[0], fds, 3);
+    recv_fds(sock, fds, 3);
     setup();
     printf("granularity=%zu\n", G);
     CUmemGenericAllocationHandle hx = 0, hy = 0;
@@ -463,10 +430,10 @@ int main(void)
     no_context_cases(hy);
 
     // A released allocation's exported fd, still open here, still imports.
-    if (write(sv[0], "r", 1) != 1)
+    if (write(sock, "r", 1) != 1)
         return 2;
     int zfd;
-    recv_fds(sv[0], &zfd, 1);
+    recv_fds(sock, &zfd, 1);
     CUmemGenericAllocationHandle hz = 0, hxl = 0;
     report("import_fd_of_allocation_released_by_exporter", import_fd(&hxl, fds[0]));
     report("import_new_export", import_fd(&hz, zfd));
@@ -476,7 +443,7 @@ int main(void)
     const char *only = getenv("VMM_CASE");
     if (only)
         stale_handle_case(only, fds);
-    if (write(sv[0], "q", 1) != 1)
+    if (write(sock, "q", 1) != 1)
         return 2;
     int st = 0;
     waitpid(pid, &st, 0);

@@ -20,6 +20,8 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 
+#include "vmm_pair.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,35 +37,7 @@
 static int chunks = 26;
 static size_t chunk_bytes = 20u << 20;
 
-static void must(CUresult rc, const char *what)
-{
-    if (rc != CUDA_SUCCESS) {
-        const char *name = "?";
-        cuGetErrorName(rc, &name);
-        fprintf(stderr, "vmm_rebuild: %s: %s\n", what, name);
-        exit(1);
-    }
-}
-
-static void start_cuda(void)
-{
-    CUdevice dev;
-    CUcontext ctx;
-    must(cuInit(0), "cuInit");
-    must(cuDeviceGet(&dev, 0), "cuDeviceGet");
-    must(cuDevicePrimaryCtxRetain(&ctx, dev), "retain");
-    must(cuCtxSetCurrent(ctx), "set current");
-}
-
-static CUmemAccessDesc rw_on_device_0(void)
-{
-    CUmemAccessDesc d;
-    memset(&d, 0, sizeof(d));
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = 0;
-    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return d;
-}
+#define must vmm_must
 
 static double now_us(void)
 {
@@ -76,12 +50,8 @@ static double now_us(void)
 
 static int exporter(int sock)
 {
-    start_cuda();
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof(prop));
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    vmm_start_cuda();
+    CUmemAllocationProp prop = vmm_fd_prop();
     CUdeviceptr base;
     must(cuMemAddressReserve(&base, chunks * chunk_bytes, 0, 0, 0), "exporter reserve");
     int fds[MAX_CHUNKS];
@@ -92,7 +62,7 @@ static int exporter(int sock)
         must(cuMemExportToShareableHandle(&fds[i], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
              "export");
     }
-    CUmemAccessDesc d = rw_on_device_0();
+    CUmemAccessDesc d = vmm_rw_on(0);
     must(cuMemSetAccess(base, chunks * chunk_bytes, &d, 1), "exporter access");
     if (write(sock, fds, sizeof(int) * chunks) != (ssize_t)(sizeof(int) * chunks))
         return 2;
@@ -132,7 +102,7 @@ static int rebuild_read_release(int pidfd, const int *remote, unsigned gen)
     must(cuMemAddressReserve(&p, chunks * chunk_bytes, 0, 0, 0), "reserve");
     for (int i = 0; i < chunks; i++)
         must(cuMemMap(p + i * chunk_bytes, chunk_bytes, 0, h[i], 0), "map");
-    CUmemAccessDesc d = rw_on_device_0();
+    CUmemAccessDesc d = vmm_rw_on(0);
     must(cuMemSetAccess(p, chunks * chunk_bytes, &d, 1), "set access");
     int bad = 0;
     for (int i = 0; i < chunks; i++) {
@@ -164,36 +134,29 @@ int main(int argc, char **argv)
         chunk_bytes = (size_t)atoi(argv[3]) << 20;
     if (iters < 1 || iters > 100000 || chunks < 1 || chunks > MAX_CHUNKS)
         return 2;
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
-        return 2;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(sv[0]);
-        return exporter(sv[1]);
-    }
-    close(sv[1]);
+    int sock;
+    pid_t pid = vmm_fork_exporter(exporter, &sock);
     int remote[MAX_CHUNKS];
-    if (read(sv[0], remote, sizeof(int) * chunks) != (ssize_t)(sizeof(int) * chunks))
+    if (read(sock, remote, sizeof(int) * chunks) != (ssize_t)(sizeof(int) * chunks))
         return 2;
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (pidfd < 0) {
         perror("vmm_rebuild: pidfd_open");
         return 2;
     }
-    start_cuda();
+    vmm_start_cuda();
     double *t = calloc((size_t)iters, sizeof(double));
     int bad = 0;
     for (unsigned gen = 1; gen <= (unsigned)iters; gen++) {
         unsigned ack;
-        if (write(sv[0], &gen, sizeof(gen)) != sizeof(gen) ||
-            read(sv[0], &ack, sizeof(ack)) != sizeof(ack))
+        if (write(sock, &gen, sizeof(gen)) != sizeof(gen) ||
+            read(sock, &ack, sizeof(ack)) != sizeof(ack))
             return 2;
         double t0 = now_us();
         bad += rebuild_read_release(pidfd, remote, gen);
         t[gen - 1] = now_us() - t0;
     }
-    close(sv[0]);
+    close(sock);
     waitpid(pid, NULL, 0);
     qsort(t, (size_t)iters, sizeof(double), by_value);
     printf("iterations=%d chunks=%d chunk_mib=%zu max_us=%.0f median_us=%.1f\n", iters, chunks,
