@@ -214,7 +214,7 @@ IPCC_HIDDEN int ipcc_vmm_get_access_call(unsigned long long *flags, const void *
 IPCC_HIDDEN int ipcc_vmm_release_call(uint64_t handle);
 /* Idle totals of the VMM path, for the stats and the shared budget. */
 IPCC_HIDDEN const struct ipcc_vmm_gauges *ipcc_vmm_gauges(void);
-/* Tears down every idle VMM entry (exit, or memory the app needs). */
+/* Tears down every idle VMM entry; at exit, after the stats line. */
 IPCC_HIDDEN void ipcc_vmm_release_all_idle(void);
 
 /* ---- config.c ------------------------------------------------------------ */

@@ -54,6 +54,7 @@ static void at_exit(void)
     if (ipcc_config.stats_at_exit)
         ipcc_stats_write_line();
     ipcc_release_all_idle();
+    ipcc_vmm_release_all_idle();
 }
 
 /* ---- start -------------------------------------------------------------- */

@@ -125,11 +125,6 @@ static void after_fork_child(void)
     recent.n = 0;
 }
 
-static void at_exit(void)
-{
-    ipcc_vmm_release_all_idle();
-}
-
 static void start(void)
 {
     struct ipcc_vmm_table *t = ipcc_vmm_table_create(kcmp_files);
@@ -137,8 +132,7 @@ static void start(void)
         ipcc_log(IPCC_LOG_WARN, "out of memory; VMM imports are not cached");
         return;
     }
-    pthread_atfork(NULL, NULL, after_fork_child);
-    atexit(at_exit);
+    pthread_atfork(NULL, NULL, after_fork_child); /* exit: lifecycle.c */
     atomic_store(&table, t);
 }
 
@@ -190,9 +184,10 @@ static void run_ops(struct ipcc_vmm_ops *ops, int evicted)
 }
 
 /* Evicts least recently used idle entries while over the caps, or (all)
- * every idle one: at exit (nothing needs a context, measured) and when the
- * driver is out of memory, since what we keep must give way. */
-static void evict(int all)
+ * every idle one: at exit (nothing needs a context, measured; not counted as
+ * evictions) and when the driver is out of memory, since what we keep must
+ * give way. */
+static void evict(int all, int counted_as_evictions)
 {
     struct ipcc_vmm_table *t = atomic_load(&table);
     if (!t)
@@ -204,7 +199,7 @@ static void evict(int all)
                                               ipcc_config.max_idle_entries)) &&
                    ipcc_vmm_evict_one(t, &ops);
         ipcc_unlock();
-        run_ops(&ops, 1);
+        run_ops(&ops, counted_as_evictions);
         if (!more)
             return;
     }
@@ -212,12 +207,18 @@ static void evict(int all)
 
 static void evict_over_caps(void)
 {
-    evict(0);
+    evict(0, 1);
 }
 
+static void give_way_to_the_app(void)
+{
+    evict(1, 1);
+}
+
+/* At exit (lifecycle.c), after the stats line. */
 void ipcc_vmm_release_all_idle(void)
 {
-    evict(1);
+    evict(1, 0);
 }
 
 static int out_of_memory(CUresult rc)
@@ -247,7 +248,7 @@ static CUresult real_import(import_fn real, CUmemGenericAllocationHandle *h, voi
 {
     CUresult rc = real(h, os, type);
     if (out_of_memory(rc)) {
-        ipcc_vmm_release_all_idle();
+        give_way_to_the_app();
         ipcc_release_all_idle();
         rc = real(h, os, type);
     }
@@ -358,7 +359,7 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
         return CUDA_SUCCESS;
     CUresult rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     if (out_of_memory(rc)) {
-        ipcc_vmm_release_all_idle();
+        give_way_to_the_app();
         rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     }
     if (rc == CUDA_SUCCESS && n > 0) { /* a rebuild: imports came first */
@@ -447,7 +448,7 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
     }
     rc = real(ptr, size, offset, handle, flags);
     if (out_of_memory(rc)) {
-        ipcc_vmm_release_all_idle();
+        give_way_to_the_app();
         rc = real(ptr, size, offset, handle, flags);
     }
     if (rc == CUDA_SUCCESS) {

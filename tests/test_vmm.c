@@ -433,6 +433,53 @@ Test(vmm, exit_releases_everything_kept, .timeout = 10)
                        "%s", line);
 }
 
+/* PyTorch's way in: cudaGetDriverEntryPointByVersion, i.e. cuGetProcAddress,
+ * and ctypes' dlsym on the driver, get the hooks for every VMM name. */
+Test(vmm, resolver_and_dlsym_hand_out_the_hooks, .timeout = 10)
+{
+    static const char *const names[] = {
+        "cuMemImportFromShareableHandle", "cuMemRelease", "cuMemAddressReserve",
+        "cuMemAddressFree", "cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemGetAccess",
+    };
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW);
+    cr_assert_not_null(driver);
+    for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++) {
+        void *ours = dlsym(RTLD_DEFAULT, names[i]), *p = NULL;
+        CUdriverProcAddressQueryResult st;
+        cr_assert_eq(cuGetProcAddress_v2(names[i], &p, 12000, 0, &st), CUDA_SUCCESS);
+        cr_assert_eq(p, ours, "%s", names[i]);
+        cr_assert_eq(dlsym(driver, names[i]), ours, "%s", names[i]);
+    }
+}
+
+/* The stats line counts the VMM path: one rebuild kept, one all hits. */
+Test(vmm, stats_count_the_vmm_path, .timeout = 10)
+{
+    char path[] = "/tmp/ipcc-vmm-stats-XXXXXX";
+    int out = mkstemp(path);
+    cr_assert_geq(out, 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("IPCCACHE_STATS_AT_EXIT", "1", 1);
+        setenv("IPCCACHE_STATS_FILE", path, 1);
+        int fds[CHUNKS];
+        CUmemGenericAllocationHandle h[CHUNKS];
+        kept_segment(fds, h);
+        drop(rebuild(fds, h, 1), h);
+        exit(0);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char line[4096] = { 0 };
+    cr_assert_gt(read(out, line, sizeof(line) - 1), 0);
+    unlink(path);
+    cr_assert_not_null(strstr(line, "\"vmm_imports\":6,\"vmm_import_hits\":3,\"vmm_maps\":6,"
+                                    "\"vmm_map_hits\":3,\"vmm_access_skips\":1,"
+                                    "\"vmm_idle_bytes\":6291456"),
+                       "%s", line);
+}
+
 /* ---- the answers -------------------------------------------------------------- */
 
 /* Cases where the stand-in differs from the H200 (README, "VMM path"). */

@@ -405,6 +405,20 @@ static void stale_handle_case(const char *name, const int *fds)
         must(cuMemAddressReserve(&q, 2 * G, 0, 0, 0), "reserve");
         report("release_first", cuMemRelease(h));
         report("map_released_handle", cuMemMap(q, 2 * G, 0, h, 0));
+    } else if (strcmp(name, "after_primary_reset") == 0) {
+        /* Does a context teardown take the VMM state with it? */
+        CUdeviceptr q;
+        must(cuMemAddressReserve(&q, 2 * G, 0, 0, 0), "reserve");
+        must(cuMemMap(q, 2 * G, 0, h, 0), "map");
+        CUmemAccessDesc d = rw_desc(0);
+        must(cuMemSetAccess(q, 2 * G, &d, 1), "access");
+        CUdevice dev0;
+        must(cuDeviceGet(&dev0, 0), "device");
+        report("primary_reset", cuDevicePrimaryCtxReset(dev0));
+        get_access_case("reset_get_access", q);
+        report("reset_unmap", cuMemUnmap(q, 2 * G));
+        report("reset_address_free", cuMemAddressFree(q, 2 * G));
+        report("reset_release", cuMemRelease(h));
     } else if (strcmp(name, "map_zero_handle") == 0) {
         CUdeviceptr q;
         must(cuMemAddressReserve(&q, 2 * G, 0, 0, 0), "reserve");
