@@ -408,30 +408,7 @@ Test(vmm, out_of_handles_releases_idle_imports, .timeout = 10)
     expect_no_stale_handles();
 }
 
-/* At exit everything kept is given back to the driver. */
-Test(vmm, exit_releases_everything_kept, .timeout = 10)
-{
-    char path[] = "/tmp/ipcc-vmm-exit-XXXXXX";
-    int out = mkstemp(path);
-    cr_assert_geq(out, 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        setenv("FAKECUDA_VMM_COUNTERS_AT_EXIT", path, 1);
-        int fds[CHUNKS];
-        exporter(fds);
-        CUmemGenericAllocationHandle h[CHUNKS];
-        drop(rebuild(fds, h, 1), h);
-        exit(0);
-    }
-    int status = 0;
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    char line[512] = { 0 };
-    cr_assert_gt(read(out, line, sizeof(line) - 1), 0);
-    unlink(path);
-    cr_assert_not_null(strstr(line, " live_handles=3 live_mappings=0 live_reservations=0 stale=0"),
-                       "%s", line);
-}
+/* ---- ways in, stats, exit ------------------------------------------------------ */
 
 /* PyTorch's way in: cudaGetDriverEntryPointByVersion, i.e. cuGetProcAddress,
  * and ctypes' dlsym on the driver, get the hooks for every VMM name. */
@@ -452,28 +429,58 @@ Test(vmm, resolver_and_dlsym_hand_out_the_hooks, .timeout = 10)
     }
 }
 
-/* The stats line counts the VMM path: one rebuild kept, one all hits. */
-Test(vmm, stats_count_the_vmm_path, .timeout = 10)
+/* Runs body in a child process with var naming a fresh file, and reads
+ * what the child left there (it writes at exit). */
+static void child_output(void (*body)(void), const char *var, char *line, size_t cap)
 {
-    char path[] = "/tmp/ipcc-vmm-stats-XXXXXX";
+    char path[] = "/tmp/ipcc-vmm-XXXXXX";
     int out = mkstemp(path);
     cr_assert_geq(out, 0);
     pid_t pid = fork();
     if (pid == 0) {
-        setenv("IPCCACHE_STATS_AT_EXIT", "1", 1);
-        setenv("IPCCACHE_STATS_FILE", path, 1);
-        int fds[CHUNKS];
-        CUmemGenericAllocationHandle h[CHUNKS];
-        kept_segment(fds, h);
-        drop(rebuild(fds, h, 1), h);
+        setenv(var, path, 1);
+        body();
         exit(0);
     }
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    char line[4096] = { 0 };
-    cr_assert_gt(read(out, line, sizeof(line) - 1), 0);
+    memset(line, 0, cap);
+    cr_assert_gt(read(out, line, cap - 1), 0);
+    close(out);
     unlink(path);
+}
+
+static void one_kept_segment(void)
+{
+    int fds[CHUNKS];
+    CUmemGenericAllocationHandle h[CHUNKS];
+    kept_segment(fds, h);
+}
+
+/* At exit everything kept is given back to the driver. */
+Test(vmm, exit_releases_everything_kept, .timeout = 10)
+{
+    char line[512];
+    child_output(one_kept_segment, "FAKECUDA_VMM_COUNTERS_AT_EXIT", line, sizeof(line));
+    cr_assert_not_null(strstr(line, " live_handles=3 live_mappings=0 live_reservations=0 stale=0"),
+                       "%s", line);
+}
+
+static void kept_then_rebuilt(void)
+{
+    setenv("IPCCACHE_STATS_AT_EXIT", "1", 1);
+    int fds[CHUNKS];
+    CUmemGenericAllocationHandle h[CHUNKS];
+    kept_segment(fds, h);
+    drop(rebuild(fds, h, 1), h);
+}
+
+/* The stats line counts the VMM path: one rebuild kept, one all hits. */
+Test(vmm, stats_count_the_vmm_path, .timeout = 10)
+{
+    char line[4096];
+    child_output(kept_then_rebuilt, "IPCCACHE_STATS_FILE", line, sizeof(line));
     cr_assert_not_null(strstr(line, "\"vmm_imports\":6,\"vmm_import_hits\":3,\"vmm_maps\":6,"
                                     "\"vmm_map_hits\":3,\"vmm_access_skips\":1,"
                                     "\"vmm_idle_bytes\":6291456"),
