@@ -408,6 +408,36 @@ Test(vmm, out_of_handles_releases_idle_imports, .timeout = 10)
     expect_no_stale_handles();
 }
 
+static void *rebuild_many_times(void *arg)
+{
+    const int *fds = arg;
+    CUmemGenericAllocationHandle h[CHUNKS];
+    for (int i = 0; i < 50; i++)
+        drop(rebuild(fds, h, 1), h);
+    return NULL;
+}
+
+/* Threads rebuilding their own segments at once each keep theirs: one real
+ * import and map per chunk in all, no handle used after its release. */
+Test(vmm, threads_rebuild_their_own_segments, .timeout = 30)
+{
+    enum { THREADS = 4 };
+    int fds[THREADS][CHUNKS];
+    for (int t = 0; t < THREADS; t++)
+        exporter(fds[t]);
+    struct fakevmm_counters before = vmm();
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        cr_assert_eq(pthread_create(&th[t], NULL, rebuild_many_times, fds[t]), 0);
+    for (int t = 0; t < THREADS; t++)
+        pthread_join(th[t], NULL);
+    struct fakevmm_counters after = vmm();
+    cr_assert_eq(after.imports - before.imports, THREADS * CHUNKS);
+    cr_assert_eq(after.maps - before.maps, THREADS * CHUNKS);
+    cr_assert_eq(after.reserves - before.reserves, THREADS);
+    expect_no_stale_handles();
+}
+
 /* ---- ways in, stats, exit ------------------------------------------------------ */
 
 /* PyTorch's way in: cudaGetDriverEntryPointByVersion, i.e. cuGetProcAddress,
