@@ -438,6 +438,29 @@ Test(vmm, threads_rebuild_their_own_segments, .timeout = 30)
     expect_no_stale_handles();
 }
 
+static void *reserve_segment_size(void *arg)
+{
+    CUdeviceptr *p = arg;
+    cr_assert_eq(cuMemAddressReserve(p, 4 * G, 0, 0, 0), CUDA_SUCCESS);
+    return NULL;
+}
+
+/* A kept range goes only to the thread that just imported its chunks. */
+Test(vmm, kept_range_goes_to_the_importing_thread, .timeout = 10)
+{
+    int fds[CHUNKS];
+    CUmemGenericAllocationHandle h[CHUNKS];
+    CUdeviceptr kept = kept_segment(fds, h), other = 0, mine = 0;
+    for (int i = 0; i < CHUNKS; i++)
+        h[i] = import(fds[i]);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, reserve_segment_size, &other), 0);
+    pthread_join(th, NULL);
+    cr_assert_neq(other, kept);
+    reserve_segment_size(&mine);
+    cr_assert_eq(mine, kept);
+}
+
 /* ---- ways in, stats, exit ------------------------------------------------------ */
 
 /* PyTorch's way in: cudaGetDriverEntryPointByVersion, i.e. cuGetProcAddress,
