@@ -198,6 +198,26 @@ Test(vmm, bad_fds_get_the_drivers_answer, .timeout = 10)
                  CUDA_ERROR_INVALID_VALUE);
 }
 
+/* Fabric handles (multi-node NVLink) are one export when their bytes are. */
+Test(vmm, fabric_handle_bytes_are_the_identity, .timeout = 10)
+{
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle x = create(), a = 0, b = 0, c = 0;
+    CUmemFabricHandle f, copy, other;
+    cr_assert_eq(cuMemExportToShareableHandle(&f, x, CU_MEM_HANDLE_TYPE_FABRIC, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemExportToShareableHandle(&other, create(), CU_MEM_HANDLE_TYPE_FABRIC, 0),
+                 CUDA_SUCCESS);
+    copy = f;
+    uint64_t before = vmm().imports;
+    cr_assert_eq(cuMemImportFromShareableHandle(&a, &f, CU_MEM_HANDLE_TYPE_FABRIC), CUDA_SUCCESS);
+    cr_assert_eq(cuMemImportFromShareableHandle(&b, &copy, CU_MEM_HANDLE_TYPE_FABRIC), CUDA_SUCCESS);
+    cr_assert_eq(cuMemImportFromShareableHandle(&c, &other, CU_MEM_HANDLE_TYPE_FABRIC),
+                 CUDA_SUCCESS);
+    cr_assert_eq(a, b);
+    cr_assert_neq(a, c);
+    cr_assert_eq(vmm().imports - before, 2);
+}
+
 /* IPCCACHE_DISABLE: every import is the driver's. */
 Test(vmm, disabled_imports_every_time, .timeout = 10)
 {
@@ -269,14 +289,25 @@ Test(vmm, threads_share_one_import, .timeout = 20)
     expect_no_stale_handles();
 }
 
-/* A fork child forgets the parent's imports (and closes its kept fds). */
+static int open_fds(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 1024; fd++)
+        n += fcntl(fd, F_GETFD) >= 0;
+    return n;
+}
+
+/* A fork child forgets the parent's imports and closes their kept fds. */
 Test(vmm, fork_child_starts_empty, .timeout = 10)
 {
     int fds[CHUNKS];
     exporter(fds);
     import(fds[0]);
+    int in_parent = open_fds();
     pid_t pid = fork();
     if (pid == 0) {
+        if (open_fds() != in_parent - 1)
+            _exit(2);
         uint64_t before = vmm().imports;
         CUmemGenericAllocationHandle h = 0;
         int rc = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fds[0],
