@@ -65,8 +65,11 @@ static __thread struct {
 /* kcmp orders open file descriptions (1: a < b, 2: a > b, 3: unordered). */
 static int kcmp_files(int a, int b)
 {
+    int saved_errno = errno; /* the app's */
     pid_t pid = getpid();
     long r = syscall(SYS_kcmp, pid, pid, KCMP_FILE, a, b);
+    int why = errno;
+    errno = saved_errno;
     switch (r) {
     case 0: return 0;
     case 1: return -1;
@@ -74,11 +77,9 @@ static int kcmp_files(int a, int b)
     case 3: return IPCC_VMM_UNORDERED;
     default: break;
     }
-    if (errno == EPERM || errno == ENOSYS || errno == EACCES) {
-        if (!atomic_exchange(&kcmp_refused, 1))
-            ipcc_log(IPCC_LOG_INFO, "kcmp is refused here (%s); VMM imports are not cached",
-                     errno == ENOSYS ? "ENOSYS" : "EPERM");
-    }
+    if ((why == EPERM || why == ENOSYS || why == EACCES) && !atomic_exchange(&kcmp_refused, 1))
+        ipcc_log(IPCC_LOG_INFO, "kcmp is refused here (%s); VMM imports are not cached",
+                 why == ENOSYS ? "ENOSYS" : "EPERM");
     return IPCC_VMM_CMP_FAILED;
 }
 
@@ -259,8 +260,10 @@ static CUresult real_import(import_fn real, CUmemGenericAllocationHandle *h, voi
 static void record_import(struct ipcc_vmm_table *t, struct ipcc_vmm_id *id,
                           CUmemGenericAllocationHandle *h)
 {
+    int saved_errno = errno; /* the app's */
     if (!id->fabric) {
         id->fd = fcntl(id->fd, F_DUPFD_CLOEXEC, 0);
+        errno = saved_errno;
         if (id->fd < 0)
             return; /* out of fds: this one is simply not cached */
     }
@@ -274,6 +277,7 @@ static void record_import(struct ipcc_vmm_table *t, struct ipcc_vmm_id *id,
     }
     if (!id->fabric)
         close(id->fd);
+    errno = saved_errno;
     if (r == 0) { /* another thread's import of the same export won */
         ((release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE))(*h);
         *h = cached;

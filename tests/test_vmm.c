@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 
 #include "testutil.h"
+#include <criterion/redirect.h>
 #include "fake_vmm.h"
 #include "gpu/vmm_pair.h"
 
@@ -229,9 +230,10 @@ Test(vmm, disabled_imports_every_time, .timeout = 10)
     cr_assert_eq(vmm().imports - before, 2);
 }
 
-/* Where kcmp is refused (seccomp), imports pass through uncached. */
-Test(vmm, kcmp_refused_passes_through, .timeout = 10)
+/* Where kcmp is refused (seccomp), imports pass through uncached; said once. */
+Test(vmm, kcmp_refused_passes_through, .timeout = 10, .init = cr_redirect_stderr)
 {
+    setenv("IPCCACHE_LOG", "info", 1);
     struct sock_filter code[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_kcmp, 0, 1),
@@ -250,6 +252,15 @@ Test(vmm, kcmp_refused_passes_through, .timeout = 10)
     cr_assert_eq(cuMemRelease(a), CUDA_SUCCESS);
     cr_assert_eq(cuMemRelease(b), CUDA_SUCCESS);
     expect_no_stale_handles();
+    import(fds[1]);
+    fflush(stderr);
+    char said[4096] = { 0 };
+    FILE *err = cr_get_redirected_stderr();
+    cr_assert_gt(fread(said, 1, sizeof(said) - 1, err), 0);
+    const char *first = strstr(said, "ipccache: kcmp is refused here (EPERM)");
+    cr_assert_not_null(first, "%s", said);
+    cr_assert_null(strstr(first + strlen("ipccache: kcmp"), "kcmp is refused"), "said twice: %s",
+                   said);
 }
 
 struct racer {
