@@ -21,7 +21,7 @@ ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
            shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c \
-           shim/vmm.c shim/vmm_table.c
+           shim/vmm.c shim/vmm_imports.c shim/vmm_ranges.c
 # The dlsym trampoline is assembly, one file per architecture.
 ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
 TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o
@@ -46,6 +46,8 @@ $(BUILD)/shim/%.o: shim/%.c shim/internal.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
+$(BUILD)/shim/vmm_imports.o $(BUILD)/shim/vmm_ranges.o: shim/vmm_table.h
+
 $(BUILD)/shim/dlsym_%.o: shim/dlsym_%.S
 	@mkdir -p $(@D)
 	$(CC) $(SANITIZE) -fPIC -c $< -o $@
@@ -66,11 +68,12 @@ $(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
 # The table and the settings parser, tested alone: no CUDA, no preload.
-$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/vmm_table.c \
-                          shim/internal.h
+VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c
+$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c $(VMM_TABLE) \
+                          shim/internal.h shim/vmm_table.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c shim/vmm_table.c $(TEST_LIBS)
+	    shim/log.c $(VMM_TABLE) $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
@@ -101,7 +104,7 @@ $(BUILD)/tests/hello_tsan: tests/hello_sanitized.c
 
 # The GPU's VMM error-case program, run against the stand-in (test_vmm.c
 # compares its answers with the H200's).
-$(BUILD)/tests/vmm_errors: tests/gpu/vmm_errors.cu $(FAKE)
+$(BUILD)/tests/vmm_errors: tests/gpu/vmm_errors.cu tests/gpu/vmm_pair.h $(FAKE)
 	$(CC) -x c -std=gnu11 -O1 -Wall -Wextra -DVMM_ERRORS_NO_COPY -I$(CUDA_HOME)/include $(SANITIZE) \
 	    -o $@ $< -x none -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
 

@@ -101,7 +101,7 @@ struct ipcc_top_slot {
 };
 IPCC_HIDDEN const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c);
 
-/* ---- vmm_table.c: the VMM path's table (pure C, no CUDA, no locking) --- */
+/* ---- vmm_imports.c, vmm_ranges.c: the VMM path's table (pure C, no CUDA) -- */
 
 /* What identifies one export: the open file description behind a POSIX fd
  * (compared through a dup we keep), or the bytes of a fabric handle. */

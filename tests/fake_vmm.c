@@ -376,7 +376,8 @@ static int valid_desc(const CUmemAccessDesc *d)
 {
     return d->location.type == CU_MEM_LOCATION_TYPE_DEVICE && d->location.id >= 0 &&
            d->location.id < devices() &&
-           (d->flags == CU_MEM_ACCESS_FLAGS_PROT_NONE || d->flags == CU_MEM_ACCESS_FLAGS_PROT_READ ||
+           (d->flags == CU_MEM_ACCESS_FLAGS_PROT_NONE ||
+            d->flags == CU_MEM_ACCESS_FLAGS_PROT_READ ||
             d->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 }
 

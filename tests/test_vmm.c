@@ -211,7 +211,8 @@ Test(vmm, fabric_handle_bytes_are_the_identity, .timeout = 10)
     copy = f;
     uint64_t before = vmm().imports;
     cr_assert_eq(cuMemImportFromShareableHandle(&a, &f, CU_MEM_HANDLE_TYPE_FABRIC), CUDA_SUCCESS);
-    cr_assert_eq(cuMemImportFromShareableHandle(&b, &copy, CU_MEM_HANDLE_TYPE_FABRIC), CUDA_SUCCESS);
+    cr_assert_eq(cuMemImportFromShareableHandle(&b, &copy, CU_MEM_HANDLE_TYPE_FABRIC),
+                 CUDA_SUCCESS);
     cr_assert_eq(cuMemImportFromShareableHandle(&c, &other, CU_MEM_HANDLE_TYPE_FABRIC),
                  CUDA_SUCCESS);
     cr_assert_eq(a, b);
