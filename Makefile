@@ -21,7 +21,8 @@ ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
            shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c \
-           shim/vmm.c shim/vmm_imports.c shim/vmm_ranges.c
+           shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
+           shim/vmm_ranges.c
 # The dlsym trampoline is assembly, one file per architecture.
 ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
 TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o

@@ -212,10 +212,24 @@ IPCC_HIDDEN int ipcc_vmm_set_access_call(uint64_t ptr, size_t size, const void *
 IPCC_HIDDEN int ipcc_vmm_get_access_call(unsigned long long *flags, const void *location,
                                          uint64_t ptr);
 IPCC_HIDDEN int ipcc_vmm_release_call(uint64_t handle);
+IPCC_HIDDEN struct ipcc_vmm_table *ipcc_vmm_table(void);  /* NULL until an import */
 /* Idle totals of the VMM path, for the stats and the shared budget. */
 IPCC_HIDDEN const struct ipcc_vmm_gauges *ipcc_vmm_gauges(void);
-/* Tears down every idle VMM entry; at exit, after the stats line. */
+/* Tears down every idle VMM entry; at exit, after the stats line
+ * (vmm_evict.c). */
 IPCC_HIDDEN void ipcc_vmm_release_all_idle(void);
+
+/* ---- vmm_identity.c: what identifies an export -------------------------- */
+
+IPCC_HIDDEN int ipcc_vmm_kcmp(int fd_a, int fd_b);  /* an ipcc_vmm_cmp_fn */
+IPCC_HIDDEN int ipcc_vmm_id_of(struct ipcc_vmm_id *id, void *os_handle, int type);
+IPCC_HIDDEN int ipcc_vmm_identity_works(const struct ipcc_vmm_id *id);
+
+/* ---- vmm_evict.c: really releasing what the VMM table gave up ---------- */
+
+IPCC_HIDDEN void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted);
+IPCC_HIDDEN void ipcc_vmm_evict_over_caps(void);
+IPCC_HIDDEN void ipcc_vmm_give_way_all(void);
 
 /* ---- config.c ------------------------------------------------------------ */
 

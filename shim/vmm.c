@@ -25,11 +25,9 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/kcmp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -50,7 +48,6 @@ typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 
 static struct ipcc_vmm_table *_Atomic table;
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
-static _Atomic int kcmp_refused;
 
 /* The handles this thread imported since its last reserve: the chunks a
  * rebuild's reserve may find kept together. */
@@ -59,58 +56,6 @@ static __thread struct {
     size_t n;
     int overflow;
 } recent;
-
-/* ---- identity ----------------------------------------------------------- */
-
-/* kcmp orders open file descriptions (1: a < b, 2: a > b, 3: unordered). */
-static int kcmp_files(int a, int b)
-{
-    int saved_errno = errno; /* the app's */
-    pid_t pid = getpid();
-    long r = syscall(SYS_kcmp, pid, pid, KCMP_FILE, a, b);
-    int why = errno;
-    errno = saved_errno;
-    switch (r) {
-    case 0: return 0;
-    case 1: return -1;
-    case 2: return 1;
-    case 3: return IPCC_VMM_UNORDERED;
-    default: break;
-    }
-    if ((why == EPERM || why == ENOSYS || why == EACCES) && !atomic_exchange(&kcmp_refused, 1))
-        ipcc_log(IPCC_LOG_INFO, "kcmp is refused here (%s); VMM imports are not cached",
-                 why == ENOSYS ? "ENOSYS" : "EPERM");
-    return IPCC_VMM_CMP_FAILED;
-}
-
-/* Whether kcmp answers here, asked once on the app's own fd (a bad fd says
- * nothing: that import is the driver's to refuse). Fabric ids need no kcmp. */
-static int identity_works(const struct ipcc_vmm_id *id)
-{
-    static _Atomic int checked;
-    if (id->fabric || atomic_load_explicit(&checked, memory_order_acquire))
-        return !atomic_load_explicit(&kcmp_refused, memory_order_relaxed) || id->fabric;
-    int r = kcmp_files(id->fd, id->fd);
-    if (r == 0 || atomic_load(&kcmp_refused))
-        atomic_store_explicit(&checked, 1, memory_order_release);
-    return r == 0;
-}
-
-static int id_of(struct ipcc_vmm_id *id, void *os, CUmemAllocationHandleType type)
-{
-    memset(id, 0, sizeof(*id));
-    if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-        id->fd = (int)(intptr_t)os;
-        return id->fd >= 0 ? 0 : -1;
-    }
-    if (type == CU_MEM_HANDLE_TYPE_FABRIC && os) {
-        id->fabric = 1;
-        id->fd = -1;
-        memcpy(id->bytes, os, sizeof(id->bytes));
-        return 0;
-    }
-    return -1;
-}
 
 /* ---- start, fork, exit -------------------------------------------------- */
 
@@ -128,7 +73,7 @@ static void after_fork_child(void)
 
 static void start(void)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table_create(kcmp_files);
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(ipcc_vmm_kcmp);
     if (!t) {
         ipcc_log(IPCC_LOG_WARN, "out of memory; VMM imports are not cached");
         return;
@@ -146,80 +91,15 @@ static struct ipcc_vmm_table *active(void)
     return t;
 }
 
+struct ipcc_vmm_table *ipcc_vmm_table(void)
+{
+    return atomic_load_explicit(&table, memory_order_acquire);
+}
+
 const struct ipcc_vmm_gauges *ipcc_vmm_gauges(void)
 {
     struct ipcc_vmm_table *t = atomic_load(&table);
     return t ? ipcc_vmm_table_gauges(t) : NULL;
-}
-
-/* ---- running the table's orders ------------------------------------------- */
-
-static void run_ops(struct ipcc_vmm_ops *ops, int evicted)
-{
-    for (size_t i = 0; i < ops->n; i++) {
-        const struct ipcc_vmm_victim *v = &ops->v[i];
-        CUresult rc = CUDA_SUCCESS;
-        if (v->op == IPCC_VMM_UNMAP) {
-            range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_UNMAP);
-            rc = f ? f(v->addr, v->size) : NO_DRIVER;
-        } else if (v->op == IPCC_VMM_FREE) {
-            range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_FREE);
-            rc = f ? f(v->addr, v->size) : NO_DRIVER;
-        } else {
-            release_fn f = (release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE);
-            rc = f ? f(v->handle) : NO_DRIVER;
-            if (v->fd >= 0)
-                close(v->fd);
-            if (rc == CUDA_SUCCESS && evicted)
-                IPCC_COUNT(evictions);
-        }
-        if (rc != CUDA_SUCCESS)
-            ipcc_log(IPCC_LOG_DEBUG, "releasing a kept VMM resource failed: error %d", (int)rc);
-    }
-    if (ops->lost)
-        ipcc_log(IPCC_LOG_WARN, "out of memory; %zu kept VMM resources stay until exit",
-                 ops->lost);
-    free(ops->v);
-    ops->v = NULL;
-    ops->n = ops->cap = ops->lost = 0;
-}
-
-/* Evicts least recently used idle entries while over the caps, or (all)
- * every idle one: at exit (nothing needs a context, measured; not counted as
- * evictions) and when the driver is out of memory, since what we keep must
- * give way. */
-static void evict(int all, int counted_as_evictions)
-{
-    struct ipcc_vmm_table *t = atomic_load(&table);
-    if (!t)
-        return;
-    for (;;) {
-        struct ipcc_vmm_ops ops = { 0 };
-        ipcc_lock();
-        int more = (all || ipcc_vmm_over_caps(t, ipcc_config.max_idle_bytes,
-                                              ipcc_config.max_idle_entries)) &&
-                   ipcc_vmm_evict_one(t, &ops);
-        ipcc_unlock();
-        run_ops(&ops, counted_as_evictions);
-        if (!more)
-            return;
-    }
-}
-
-static void evict_over_caps(void)
-{
-    evict(0, 1);
-}
-
-static void give_way_to_the_app(void)
-{
-    evict(1, 1);
-}
-
-/* At exit (lifecycle.c), after the stats line. */
-void ipcc_vmm_release_all_idle(void)
-{
-    evict(1, 0);
 }
 
 static int out_of_memory(CUresult rc)
@@ -249,7 +129,7 @@ static CUresult real_import(import_fn real, CUmemGenericAllocationHandle *h, voi
 {
     CUresult rc = real(h, os, type);
     if (out_of_memory(rc)) {
-        give_way_to_the_app();
+        ipcc_vmm_give_way_all();
         ipcc_release_all_idle();
         rc = real(h, os, type);
     }
@@ -297,7 +177,7 @@ int ipcc_vmm_import_call(uint64_t *handle, void *os, int type_int)
         pthread_once(&start_once, start);
     struct ipcc_vmm_table *t = active();
     struct ipcc_vmm_id id;
-    if (!t || !h || id_of(&id, os, type) < 0 || !identity_works(&id))
+    if (!t || !h || ipcc_vmm_id_of(&id, os, type) < 0 || !ipcc_vmm_identity_works(&id))
         return counted(real(h, os, type));
 
     IPCC_COUNT(vmm_imports);
@@ -332,7 +212,7 @@ int ipcc_vmm_release_call(uint64_t handle)
         return counted(real(handle));
     if (r == IPCC_RELEASE_PAST_ZERO)
         return counted(CUDA_ERROR_INVALID_VALUE); /* the driver's answer to a double release */
-    evict_over_caps();
+    ipcc_vmm_evict_over_caps();
     return CUDA_SUCCESS;
 }
 
@@ -358,12 +238,12 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
     else if (ptr && flags == 0 && n > 0)
         reused = ipcc_vmm_reserve_reuse(t, size, align, recent.handles, n, ipcc_now_ns(), ptr);
     ipcc_unlock();
-    run_ops(&ops, 1);
+    ipcc_vmm_run_ops(&ops, 1);
     if (reused)
         return CUDA_SUCCESS;
     CUresult rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     if (out_of_memory(rc)) {
-        give_way_to_the_app();
+        ipcc_vmm_give_way_all();
         rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     }
     if (rc == CUDA_SUCCESS && n > 0) { /* a rebuild: imports came first */
@@ -378,7 +258,7 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
  * needs done first. Returns 1 with *rc set when answered. */
 static int answered(enum ipcc_vmm_verdict v, struct ipcc_vmm_ops *ops, CUresult *rc)
 {
-    run_ops(ops, 1);
+    ipcc_vmm_run_ops(ops, 1);
     if (v == IPCC_VMM_PASS)
         return 0;
     *rc = v == IPCC_VMM_DONE ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
@@ -406,7 +286,7 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
     ipcc_unlock();
     if (answered(v, &ops, &rc)) {
         if (v == IPCC_VMM_DONE)
-            evict_over_caps();
+            ipcc_vmm_evict_over_caps();
         return counted(rc);
     }
     rc = real(ptr, size);
@@ -452,7 +332,7 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
     }
     rc = real(ptr, size, offset, handle, flags);
     if (out_of_memory(rc)) {
-        give_way_to_the_app();
+        ipcc_vmm_give_way_all();
         rc = real(ptr, size, offset, handle, flags);
     }
     if (rc == CUDA_SUCCESS) {
