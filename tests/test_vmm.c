@@ -12,6 +12,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -502,6 +503,28 @@ Test(vmm, kept_range_goes_to_the_importing_thread, .timeout = 10)
     cr_assert_neq(other, kept);
     reserve_segment_size(&mine);
     cr_assert_eq(mine, kept);
+}
+
+/* A process using the VMM calls for its own memory, never importing, does not
+ * notice the library: no message, no signal handler. */
+Test(vmm, own_memory_only_leaves_no_trace, .timeout = 10, .init = cr_redirect_stderr)
+{
+    setenv("IPCCACHE_LOG", "debug", 1);
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle h = create();
+    CUdeviceptr p = 0;
+    CUmemAccessDesc d = access_on(0);
+    cr_assert_eq(cuMemAddressReserve(&p, G, 0, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(p, G, 0, h, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemSetAccess(p, G, &d, 1), CUDA_SUCCESS);
+    cr_assert_eq(cuMemUnmap(p, G), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
+    cr_assert_eq(cuMemAddressFree(p, G), CUDA_SUCCESS);
+    struct sigaction now;
+    cr_assert_eq(sigaction(SIGUSR1, NULL, &now), 0);
+    cr_assert_eq(now.sa_handler, SIG_DFL);
+    fflush(stderr);
+    cr_assert_stderr_eq_str("");
 }
 
 /* ---- ways in, stats, exit ------------------------------------------------------ */
