@@ -235,7 +235,7 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
     ipcc_lock();
     if (addr)
         ipcc_vmm_clear_range(t, addr, size, &ops); /* the hint may be ours: give way */
-    else if (ptr && flags == 0 && n > 0)
+    else if (ptr && flags == 0 && n > 0 && (align & (align - 1)) == 0) /* else the driver's error */
         reused = ipcc_vmm_reserve_reuse(t, size, align, recent.handles, n, ipcc_now_ns(), ptr);
     ipcc_unlock();
     ipcc_vmm_run_ops(&ops, 1);

@@ -407,6 +407,20 @@ Test(vmm, freed_range_answers_as_freed, .timeout = 10)
     cr_assert_eq(flags, 0);
 }
 
+/* A rebuild's reserve with a bad alignment gets the driver's error, even
+ * where a kept range of that size would fit it. */
+Test(vmm, bad_alignment_is_the_drivers_error, .timeout = 10)
+{
+    int fds[CHUNKS];
+    CUmemGenericAllocationHandle h[CHUNKS];
+    kept_segment(fds, h);
+    for (int i = 0; i < CHUNKS; i++)
+        h[i] = import(fds[i]);
+    CUdeviceptr q = 0;
+    cr_assert_eq(cuMemAddressReserve(&q, 4 * G, 5 * G, 0, 0), CUDA_ERROR_INVALID_VALUE,
+                 "5G: no power of two, yet the kept range is aligned to it");
+}
+
 /* A reserve hinting at a kept range gets it: the kept range gives way. */
 Test(vmm, hint_on_a_kept_range_gives_way, .timeout = 10)
 {
