@@ -25,16 +25,21 @@ static inline void vmm_must(CUresult rc, const char *what)
     }
 }
 
-/* Device 0's primary context, current on this thread. */
-static inline CUcontext vmm_start_cuda(void)
+/* Device ordinal's primary context, current on this thread. */
+static inline CUcontext vmm_start_cuda_on(int ordinal)
 {
     CUdevice dev;
     CUcontext ctx;
     vmm_must(cuInit(0), "cuInit");
-    vmm_must(cuDeviceGet(&dev, 0), "cuDeviceGet");
+    vmm_must(cuDeviceGet(&dev, ordinal), "cuDeviceGet");
     vmm_must(cuDevicePrimaryCtxRetain(&ctx, dev), "retain");
     vmm_must(cuCtxSetCurrent(ctx), "set current");
     return ctx;
+}
+
+static inline CUcontext vmm_start_cuda(void)
+{
+    return vmm_start_cuda_on(0);
 }
 
 /* Device memory on GPU 0, exportable as a POSIX fd (PyTorch's choice). */

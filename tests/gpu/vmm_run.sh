@@ -47,6 +47,20 @@ shim rebuild "$OUT/vmm_rebuild" 50 26 20 | tee "$OUT/rebuild_shim.txt" | grep -q
     pass "vmm_rebuild: one real import per chunk" || fail "vmm_rebuild: import hits"
 grep -h median_us "$OUT"/rebuild_*.txt
 
+if [[ $(nvidia-smi -L | grep -c '^GPU ') -ge 2 ]]; then
+    rm -f "$OUT"/rebuild1.*.json
+    "$OUT/vmm_rebuild" 50 26 20 1 | tee "$OUT/rebuild1_plain.txt" | grep -q check=ok &&
+        pass "vmm_rebuild across GPUs without the shim" || fail "vmm_rebuild across GPUs"
+    shim rebuild1 "$OUT/vmm_rebuild" 50 26 20 1 | tee "$OUT/rebuild1_shim.txt" |
+        grep -q check=ok && pass "vmm_rebuild across GPUs with the shim" ||
+        fail "vmm_rebuild across GPUs with the shim"
+    [[ $(stat_of rebuild1 vmm_access_skips) == 49 ]] &&
+        pass "vmm_rebuild across GPUs: set-access skipped" || fail "across GPUs: access skips"
+    grep -h median_us "$OUT"/rebuild1_*.txt
+else
+    echo "SKIP vmm_rebuild across GPUs (one GPU)"
+fi
+
 if python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     python3 tests/gpu/torch_consumer.py --iters 200 --pool-mb 512 | grep -q values_ok=1 &&
