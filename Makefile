@@ -30,7 +30,9 @@ CFLAGS     ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
-           shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c
+           shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c \
+           shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
+           shim/vmm_ranges.c
 # The dlsym trampoline is assembly, one file per architecture.
 ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
 TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o
@@ -45,10 +47,10 @@ FLOOR    = -include shim/glibc_floor.h
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
 FAKE       = $(BUILD)/tests/libcuda.so.1
-UNIT_SRC   = tests/test_cache.c tests/test_config.c
+UNIT_SRC   = tests/test_cache.c tests/test_config.c tests/test_vmm_table.c
 E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
-             $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan
+             $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
@@ -68,6 +70,8 @@ prereqs:
 $(BUILD)/shim/%.o: shim/%.c shim/internal.h shim/glibc_floor.h | prereqs
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(FLOOR) -c $< -o $@
+
+$(BUILD)/shim/vmm_imports.o $(BUILD)/shim/vmm_ranges.o: shim/vmm_table.h
 
 $(BUILD)/shim/dlsym_%.o: shim/dlsym_%.S
 	@mkdir -p $(@D)
@@ -89,18 +93,21 @@ $(CONFIG_TOOL): tools/ipccache_config.c shim/config.c shim/log.c shim/internal.h
 
 # ---- tests ------------------------------------------------------------------
 
-$(FAKE): tests/fake_cuda.c tests/fake_cuda.h
+FAKE_SRC = tests/fake_cuda.c tests/fake_vmm.c
+$(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -I$(CUDA_HOME)/include $(SANITIZE) \
-	    -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $< -lpthread
+	    -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $(FAKE_SRC) -lpthread
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
 # The table and the settings parser, tested alone: no CUDA, no preload.
 # calloc is wrapped so that a test can make the table's allocations fail.
-$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/internal.h
+VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c
+$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c $(VMM_TABLE) \
+                          shim/internal.h shim/vmm_table.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c -Wl,--wrap=calloc $(TEST_LIBS)
+	    shim/log.c $(VMM_TABLE) -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
@@ -139,6 +146,12 @@ $(BUILD)/tests/rtld_next_check: tests/rtld_next_check.c $(BUILD)/tests/libnext1.
 $(BUILD)/tests/hello_tsan: tests/hello_sanitized.c
 	@mkdir -p $(@D)
 	-$(CC) -fsanitize=thread -o $@ $< 2>/dev/null
+
+# The GPU's VMM error-case program, run against the stand-in (test_vmm.c
+# compares its answers with the H200's).
+$(BUILD)/tests/vmm_errors: tests/gpu/vmm_errors.cu tests/gpu/vmm_pair.h $(FAKE)
+	$(CC) -x c -std=gnu11 -O1 -Wall -Wextra -DVMM_ERRORS_NO_COPY -I$(CUDA_HOME)/include $(SANITIZE) \
+	    -o $@ $< -x none -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
 
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
 $(BUILD)/tests/probe: tests/probe.c $(FAKE)

@@ -155,6 +155,54 @@ IPCC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return primary_teardown(IPCC_SLOT_PRIMARY_RESET_V2, dev);
 }
 
+/* ---- VMM sharing (PyTorch expandable segments): vmm.c ------------------ */
+
+IPCC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                    void *os_handle,
+                                                    CUmemAllocationHandleType type)
+{
+    return (CUresult)ipcc_vmm_import_call((uint64_t *)handle, os_handle, (int)type);
+}
+
+IPCC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    return (CUresult)ipcc_vmm_release_call(handle);
+}
+
+IPCC_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,
+                                         CUdeviceptr addr, unsigned long long flags)
+{
+    return (CUresult)ipcc_vmm_reserve_call((uint64_t *)ptr, size, align, addr, flags);
+}
+
+IPCC_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    return (CUresult)ipcc_vmm_free_call(ptr, size);
+}
+
+IPCC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    return (CUresult)ipcc_vmm_map_call(ptr, size, offset, handle, flags);
+}
+
+IPCC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    return (CUresult)ipcc_vmm_unmap_call(ptr, size);
+}
+
+IPCC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                    size_t count)
+{
+    return (CUresult)ipcc_vmm_set_access_call(ptr, size, desc, count);
+}
+
+IPCC_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
+                                    CUdeviceptr ptr)
+{
+    return (CUresult)ipcc_vmm_get_access_call(flags, location, ptr);
+}
+
 /* ---- the table ---------------------------------------------------------- */
 
 #define HOOK(slot, sym, proc, ver) \
@@ -172,4 +220,12 @@ struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT] = {
     HOOK(IPCC_SLOT_PRIMARY_RELEASE_V2, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000),
     HOOK(IPCC_SLOT_PRIMARY_RESET_V1, cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000),
     HOOK(IPCC_SLOT_PRIMARY_RESET_V2, cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000),
+    HOOK(IPCC_SLOT_VMM_IMPORT, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020),
+    HOOK(IPCC_SLOT_VMM_RESERVE, cuMemAddressReserve, "cuMemAddressReserve", 10020),
+    HOOK(IPCC_SLOT_VMM_FREE, cuMemAddressFree, "cuMemAddressFree", 10020),
+    HOOK(IPCC_SLOT_VMM_MAP, cuMemMap, "cuMemMap", 10020),
+    HOOK(IPCC_SLOT_VMM_UNMAP, cuMemUnmap, "cuMemUnmap", 10020),
+    HOOK(IPCC_SLOT_VMM_SET_ACCESS, cuMemSetAccess, "cuMemSetAccess", 10020),
+    HOOK(IPCC_SLOT_VMM_GET_ACCESS, cuMemGetAccess, "cuMemGetAccess", 10020),
+    HOOK(IPCC_SLOT_VMM_RELEASE, cuMemRelease, "cuMemRelease", 10020),
 };

@@ -62,6 +62,7 @@ static void at_exit(void)
         return;
     ipcc_unlock(); /* free now: the release takes it a batch at a time */
     ipcc_release_all_idle();
+    ipcc_vmm_release_all_idle();
 }
 
 /* ---- start -------------------------------------------------------------- */

@@ -131,6 +131,13 @@ static void put_counters(struct out *o, uint64_t hits)
                                IPCC_TOTAL(close_past_zero));
     put_field(o, "real_opens", IPCC_TOTAL(real_opens));
     put_field(o, "real_closes", IPCC_TOTAL(real_closes));
+    put_field(o, "vmm_imports", IPCC_TOTAL(vmm_imports));
+    put_field(o, "vmm_import_hits", IPCC_TOTAL(vmm_import_hits));
+    put_field(o, "vmm_maps", IPCC_TOTAL(vmm_maps));
+    put_field(o, "vmm_map_hits", IPCC_TOTAL(vmm_map_hits));
+    put_field(o, "vmm_access_skips", IPCC_TOTAL(vmm_access_skips));
+    const struct ipcc_vmm_gauges *v = ipcc_vmm_gauges();
+    put_field(o, "vmm_idle_bytes", v ? load(&v->idle_bytes) : 0);
 }
 
 static void put_gauges(struct out *o)

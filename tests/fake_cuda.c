@@ -26,6 +26,7 @@
 #undef cuMemcpyDtoH
 
 #include "fake_cuda.h"
+#include "fake_vmm.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -805,12 +806,14 @@ CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int version
         if (g_syms[i].version <= version && (best < 0 || g_syms[i].version > g_syms[best].version))
             best = i;
     }
+    void *vmm = known ? NULL : fakevmm_proc(symbol, version, &known); /* fake_vmm.c */
     if (no_ctxgetid() && strcmp(symbol, "cuCtxGetId") == 0)
         known = 0, best = -1; /* a pre-12.0 driver never heard of it */
     CUdriverProcAddressQueryResult st = !known ? CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
                                         : best < 0 ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
                                                    : CU_GET_PROC_ADDRESS_SUCCESS;
     *pfn = best >= 0 ? g_syms[best].fn : NULL; /* a found-nothing answer is NULL */
+    if (vmm) st = CU_GET_PROC_ADDRESS_SUCCESS, *pfn = vmm;
     if (status) *status = st;
     return CUDA_SUCCESS;
 }

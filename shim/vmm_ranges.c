@@ -1,0 +1,448 @@
+/*
+ * vmm_ranges.c - the VMM table's reservations, with their chunk mappings and
+ * access, and eviction (pure C, as vmm_imports.c).
+ *
+ * Tracked reservations are the address ranges the app reserved right after
+ * importing. A chunk (one mapping) is "adopted" while the app has it mapped,
+ * "kept" after the app unmapped it while the real mapping stays. A
+ * reservation the app freed while it still held kept chunks is idle: the app
+ * sees nothing there, the driver sees it all.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "vmm_table.h"
+
+/* ---- reservations: finding ------------------------------------------------ */
+
+static int overlaps(uint64_t a, uint64_t an, uint64_t b, uint64_t bn)
+{
+    return a < b + bn && b < a + an;
+}
+
+/* The tracked reservation containing addr; NULL if none. */
+static struct ipcc_vmm_range *res_at(const struct ipcc_vmm_table *t, uint64_t addr, size_t *index)
+{
+    for (size_t i = 0; i < t->nres; i++) {
+        struct ipcc_vmm_range *r = t->res[i];
+        if (addr >= r->addr && addr < r->addr + r->size) {
+            if (index)
+                *index = i;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+/* The live tracked reservation a call at addr is about; NULL with *v the
+ * answer when there is none: PASS (not ours) or INVALID (the app freed it). */
+static struct ipcc_vmm_range *live_res(const struct ipcc_vmm_table *t, uint64_t addr,
+                             enum ipcc_vmm_verdict *v)
+{
+    struct ipcc_vmm_range *r = res_at(t, addr, NULL);
+    *v = r ? IPCC_VMM_INVALID : IPCC_VMM_PASS;
+    return r && !r->idle ? r : NULL;
+}
+
+static void set_idle(struct ipcc_vmm_table *t, struct ipcc_vmm_range *r, int idle)
+{
+    if (r->idle != idle)
+        ipcc_vmm_gauge_add(&t->gauges.idle_reservations, idle ? 1 : -1);
+    r->idle = idle;
+}
+
+/* Starts tracking a reservation the app just made. -1: out of memory (the
+ * reservation then simply goes uncached). */
+int ipcc_vmm_reserve_track(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size)
+{
+    if (ipcc_vmm_grow((void **)&t->res, &t->capres, t->nres + 1, sizeof(*t->res)) < 0)
+        return -1;
+    struct ipcc_vmm_range *r = calloc(1, sizeof(*r));
+    if (!r)
+        return -1;
+    r->addr = addr;
+    r->size = size;
+    t->res[t->nres++] = r;
+    return 0;
+}
+
+static int in_list(uint64_t h, const uint64_t *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (list[i] == h)
+            return 1;
+    return 0;
+}
+
+/* Every kept chunk of r is one of the handles just imported. */
+static int chunks_match(const struct ipcc_vmm_range *r, const uint64_t *handles, size_t n)
+{
+    if (r->n == 0)
+        return 0;
+    for (size_t i = 0; i < r->n; i++)
+        if (!r->chunks[i].imp || !in_list(r->chunks[i].imp->handle, handles, n))
+            return 0;
+    return 1;
+}
+
+/* An idle reservation of exactly size (aligned to align) whose kept chunks
+ * are all allocations in handles[]: handed back live, most recent first.
+ * 1 and *addr set, or 0. */
+int ipcc_vmm_reserve_reuse(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
+                           const uint64_t *handles, size_t n, uint64_t now_ns, uint64_t *addr)
+{
+    struct ipcc_vmm_range *best = NULL;
+    for (size_t i = 0; i < t->nres; i++) {
+        struct ipcc_vmm_range *r = t->res[i];
+        if (r->idle && r->size == size && (align == 0 || r->addr % align == 0) &&
+            (!best || r->last_ns > best->last_ns) && chunks_match(r, handles, n))
+            best = r;
+    }
+    if (!best)
+        return 0;
+    set_idle(t, best, 0);
+    best->last_ns = now_ns;
+    *addr = best->addr;
+    return 1;
+}
+
+/* ---- chunks ---------------------------------------------------------------- */
+
+static void chunk_pin(struct ipcc_vmm_table *t, struct ipcc_vmm_chunk *c, int adopted, int delta)
+{
+    if (!c->imp)
+        return;
+    if (adopted)
+        c->imp->live_pins += (uint64_t)(int64_t)delta;
+    else
+        c->imp->kept_pins += (uint64_t)(int64_t)delta;
+    ipcc_vmm_account(t, c->imp);
+}
+
+static void chunk_adopt(struct ipcc_vmm_table *t, struct ipcc_vmm_chunk *c, int adopted)
+{
+    if (c->adopted == adopted)
+        return;
+    chunk_pin(t, c, c->adopted, -1);
+    c->adopted = adopted;
+    chunk_pin(t, c, c->adopted, +1);
+}
+
+static void chunk_remove(struct ipcc_vmm_table *t, struct ipcc_vmm_range *r, size_t i)
+{
+    chunk_pin(t, &r->chunks[i], r->chunks[i].adopted, -1);
+    memmove(&r->chunks[i], &r->chunks[i + 1], (r->n - i - 1) * sizeof(*r->chunks));
+    r->n--;
+}
+
+/* Kept chunks overlapping [addr, addr+size) give way: removed, and their
+ * real unmaps queued, so that the driver sees what the app sees there. */
+static void give_way(struct ipcc_vmm_table *t, struct ipcc_vmm_range *r, uint64_t addr,
+                     uint64_t size, struct ipcc_vmm_ops *ops)
+{
+    for (size_t i = r->n; i-- > 0;) {
+        struct ipcc_vmm_chunk *c = &r->chunks[i];
+        if (!c->adopted && overlaps(addr, size, c->addr, c->size)) {
+            ipcc_vmm_ops_push(ops, IPCC_VMM_UNMAP, c->addr, c->size, 0, -1);
+            chunk_remove(t, r, i);
+        }
+    }
+}
+
+/* The chunks in [addr, addr+size) are whole, adopted when asked, and start
+ * and end the range; with no_holes, they also cover it. */
+static int whole_chunks(const struct ipcc_vmm_range *r, uint64_t addr, uint64_t size, int no_holes,
+                        size_t *first, size_t *last)
+{
+    size_t n = 0;
+    uint64_t expect = addr;
+    for (size_t i = 0; i < r->n; i++) {
+        const struct ipcc_vmm_chunk *c = &r->chunks[i];
+        if (!overlaps(addr, size, c->addr, c->size))
+            continue;
+        if (c->addr < addr || c->addr + c->size > addr + size || !c->adopted || !c->imp)
+            return 0;
+        if ((no_holes && c->addr != expect) || (n == 0 && c->addr != addr))
+            return 0;
+        if (n++ == 0)
+            *first = i;
+        *last = i;
+        expect = c->addr + c->size;
+    }
+    return n > 0 && expect == addr + size;
+}
+
+/* ---- map, unmap --------------------------------------------------------------- */
+
+/*
+ * The app maps handle at [addr, addr+size) (offset and flags 0). DONE_OK: the
+ * same allocation is kept there, now the app's again. INVALID: the range is
+ * one the app freed (an idle reservation): the driver would refuse it.
+ * PASS: run ops, then the real map; on success call ipcc_vmm_map_done.
+ */
+enum ipcc_vmm_verdict ipcc_vmm_map(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
+                                   uint64_t handle, uint64_t now_ns, struct ipcc_vmm_ops *ops)
+{
+    enum ipcc_vmm_verdict v;
+    struct ipcc_vmm_range *r = live_res(t, addr, &v);
+    if (!r)
+        return v;
+    for (size_t i = 0; i < r->n; i++) {
+        struct ipcc_vmm_chunk *c = &r->chunks[i];
+        if (c->addr == addr && c->size == size && !c->adopted && c->imp &&
+            c->imp->handle == handle) {
+            chunk_adopt(t, c, 1);
+            c->imp->last_ns = now_ns;
+            r->last_ns = now_ns;
+            return IPCC_VMM_DONE;
+        }
+    }
+    give_way(t, r, addr, size, ops);
+    return IPCC_VMM_PASS;
+}
+
+/* Records the app's successful real map. */
+void ipcc_vmm_map_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size, uint64_t handle)
+{
+    struct ipcc_vmm_range *r = res_at(t, addr, NULL);
+    if (!r || ipcc_vmm_grow((void **)&r->chunks, &r->cap, r->n + 1, sizeof(*r->chunks)) < 0)
+        return; /* untracked or no memory: a chunk we do not know is never kept */
+    size_t at = 0;
+    while (at < r->n && r->chunks[at].addr < addr)
+        at++;
+    memmove(&r->chunks[at + 1], &r->chunks[at], (r->n - at) * sizeof(*r->chunks));
+    r->n++;
+    struct ipcc_vmm_chunk *c = &r->chunks[at];
+    memset(c, 0, sizeof(*c));
+    c->addr = addr;
+    c->size = size;
+    c->imp = ipcc_vmm_import_of(t, handle);
+    c->adopted = 1;
+    if (c->imp)
+        c->imp->bytes = size; /* a map covers exactly its allocation */
+    chunk_pin(t, c, 1, +1);
+}
+
+/*
+ * The app unmaps [addr, addr+size). DONE_OK: it is exactly whole mappings of
+ * our imports (holes allowed), which are kept. INVALID: a freed range.
+ * PASS: run ops, then the real unmap; on success ipcc_vmm_unmap_done.
+ */
+enum ipcc_vmm_verdict ipcc_vmm_unmap(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
+                                     uint64_t now_ns, struct ipcc_vmm_ops *ops)
+{
+    enum ipcc_vmm_verdict v;
+    struct ipcc_vmm_range *r = live_res(t, addr, &v);
+    if (!r)
+        return v;
+    size_t first, last;
+    if (size && addr + size <= r->addr + r->size && whole_chunks(r, addr, size, 0, &first, &last)) {
+        for (size_t i = first; i <= last; i++)
+            if (r->chunks[i].adopted)
+                chunk_adopt(t, &r->chunks[i], 0);
+        r->last_ns = now_ns;
+        return IPCC_VMM_DONE;
+    }
+    give_way(t, r, addr, size, ops);
+    return IPCC_VMM_PASS;
+}
+
+/* The real unmap succeeded: the mappings inside the range are gone. */
+void ipcc_vmm_unmap_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size)
+{
+    struct ipcc_vmm_range *r = res_at(t, addr, NULL);
+    for (size_t i = r ? r->n : 0; i-- > 0;) {
+        struct ipcc_vmm_chunk *c = &r->chunks[i];
+        if (c->addr >= addr && c->addr + c->size <= addr + size)
+            chunk_remove(t, r, i);
+    }
+}
+
+/* ---- access ------------------------------------------------------------------- */
+
+static int chunk_has(const struct ipcc_vmm_chunk *c, const struct ipcc_vmm_access *a)
+{
+    for (int i = 0; i < c->naccess; i++)
+        if (c->access[i].dev == a->dev)
+            return c->access[i].flags == a->flags;
+    return 0;
+}
+
+/*
+ * The app sets access on [addr, addr+size) for n devices. DONE_OK: the range
+ * is exactly whole adopted chunks, with no holes, each already with exactly
+ * this access: the driver would change nothing. INVALID: a freed range.
+ * PASS: run ops, then the real call; on success ipcc_vmm_set_access_done.
+ */
+enum ipcc_vmm_verdict ipcc_vmm_set_access(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
+                                          const struct ipcc_vmm_access *acc, size_t n,
+                                          struct ipcc_vmm_ops *ops)
+{
+    enum ipcc_vmm_verdict v;
+    struct ipcc_vmm_range *r = live_res(t, addr, &v);
+    if (!r)
+        return v;
+    size_t first, last;
+    if (n > 0 && size && whole_chunks(r, addr, size, 1, &first, &last)) {
+        int same = 1;
+        for (size_t i = first; i <= last && same; i++)
+            for (size_t k = 0; k < n && same; k++)
+                same = chunk_has(&r->chunks[i], &acc[k]);
+        if (same)
+            return IPCC_VMM_DONE;
+    }
+    give_way(t, r, addr, size, ops);
+    return IPCC_VMM_PASS;
+}
+
+static void chunk_set(struct ipcc_vmm_chunk *c, const struct ipcc_vmm_access *a)
+{
+    if (c->naccess < 0)
+        return;
+    for (int i = 0; i < c->naccess; i++) {
+        if (c->access[i].dev == a->dev) {
+            c->access[i].flags = a->flags;
+            return;
+        }
+    }
+    if (c->naccess == IPCC_VMM_MAX_ACCESS) {
+        c->naccess = -1; /* forget: never skip on this chunk again */
+        return;
+    }
+    c->access[c->naccess++] = (struct ipcc_vmm_grant){ a->dev, a->flags };
+}
+
+/* The real set-access succeeded: remember it, in the driver's order. */
+void ipcc_vmm_set_access_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
+                              const struct ipcc_vmm_access *acc, size_t n)
+{
+    struct ipcc_vmm_range *r = res_at(t, addr, NULL);
+    for (size_t i = 0; r && i < r->n; i++) {
+        struct ipcc_vmm_chunk *c = &r->chunks[i];
+        if (c->addr >= addr && c->addr + c->size <= addr + size)
+            for (size_t k = 0; k < n; k++)
+                chunk_set(c, &acc[k]);
+    }
+}
+
+/* A call the table does not answer (get-access, a map with an offset...):
+ * kept chunks in [addr, addr+size) give way first, since the app sees
+ * nothing mapped there. INVALID: a freed range. */
+enum ipcc_vmm_verdict ipcc_vmm_give_way(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
+                                        struct ipcc_vmm_ops *ops)
+{
+    enum ipcc_vmm_verdict v;
+    struct ipcc_vmm_range *r = live_res(t, addr, &v);
+    if (!r)
+        return v;
+    give_way(t, r, addr, size ? size : 1, ops);
+    return IPCC_VMM_PASS;
+}
+
+/* ---- address free, eviction ----------------------------------------------------- */
+
+static void res_remove(struct ipcc_vmm_table *t, size_t index)
+{
+    struct ipcc_vmm_range *r = t->res[index];
+    set_idle(t, r, 0);
+    free(r->chunks);
+    free(r);
+    t->res[index] = t->res[--t->nres];
+}
+
+/* Queues the real teardown of reservation index: its kept chunks, the range,
+ * and (release_imports) the imports left with no use at all. */
+static void res_evict(struct ipcc_vmm_table *t, size_t index, int release_imports,
+                      struct ipcc_vmm_ops *ops)
+{
+    struct ipcc_vmm_range *r = t->res[index];
+    while (r->n > 0) {
+        struct ipcc_vmm_chunk c = r->chunks[r->n - 1];
+        ipcc_vmm_ops_push(ops, IPCC_VMM_UNMAP, c.addr, c.size, 0, -1);
+        chunk_remove(t, r, r->n - 1);
+        if (release_imports && c.imp && ipcc_vmm_import_lone_idle(c.imp))
+            ipcc_vmm_drop_import(t, c.imp, ops);
+    }
+    ipcc_vmm_ops_push(ops, IPCC_VMM_FREE, r->addr, r->size, 0, -1);
+    res_remove(t, index);
+}
+
+/*
+ * The app frees [addr, addr+size). DONE_OK: exactly a tracked reservation
+ * with no mapping the app still sees, but kept chunks: it becomes idle.
+ * INVALID: freed already. PASS: the driver answers; on success
+ * ipcc_vmm_free_done.
+ */
+enum ipcc_vmm_verdict ipcc_vmm_free(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
+                                    uint64_t now_ns, struct ipcc_vmm_ops *ops)
+{
+    (void)ops; /* the shape of every range call; a free never needs one */
+    enum ipcc_vmm_verdict v;
+    struct ipcc_vmm_range *r = live_res(t, addr, &v);
+    if (!r)
+        return v;
+    if (r->addr != addr || r->size != size || r->n == 0)
+        return IPCC_VMM_PASS;
+    for (size_t i = 0; i < r->n; i++)
+        if (r->chunks[i].adopted)
+            return IPCC_VMM_PASS;
+    set_idle(t, r, 1);
+    r->last_ns = now_ns;
+    return IPCC_VMM_DONE;
+}
+
+void ipcc_vmm_free_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size)
+{
+    size_t i;
+    struct ipcc_vmm_range *r = res_at(t, addr, &i);
+    if (r && r->addr == addr && r->size == size)
+        res_remove(t, i);
+}
+
+/* Idle reservations overlapping [addr, addr+size) (an address hint the
+ * driver should be free to honour) are torn down; imports stay cached. */
+void ipcc_vmm_clear_range(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
+                          struct ipcc_vmm_ops *ops)
+{
+    for (size_t i = t->nres; i-- > 0;)
+        if (t->res[i]->idle && overlaps(addr, size, t->res[i]->addr, t->res[i]->size))
+            res_evict(t, i, 0, ops);
+}
+
+/*
+ * Queues the teardown of the least recently used idle thing: an idle
+ * reservation (with the imports only it used), or an import nothing uses.
+ * Returns 0 when nothing is idle.
+ */
+int ipcc_vmm_evict_one(struct ipcc_vmm_table *t, struct ipcc_vmm_ops *ops)
+{
+    long best_res = -1, best_imp = -1;
+    uint64_t best_ns = UINT64_MAX;
+    for (size_t i = 0; i < t->nres; i++) {
+        if (t->res[i]->idle && t->res[i]->last_ns <= best_ns) {
+            best_ns = t->res[i]->last_ns;
+            best_res = (long)i;
+        }
+    }
+    for (size_t i = 0; i < t->nimports; i++) {
+        struct ipcc_vmm_import *m = t->by_id[i];
+        if (ipcc_vmm_import_lone_idle(m) && m->last_ns < best_ns) {
+            best_ns = m->last_ns;
+            best_imp = (long)i;
+        }
+    }
+    if (best_imp >= 0)
+        ipcc_vmm_drop_import(t, t->by_id[best_imp], ops);
+    else if (best_res >= 0)
+        res_evict(t, (size_t)best_res, 1, ops);
+    else
+        return 0;
+    return 1;
+}
+
+int ipcc_vmm_over_caps(const struct ipcc_vmm_table *t, uint64_t max_bytes, uint64_t max_entries)
+{
+    uint64_t bytes = atomic_load_explicit(&t->gauges.idle_bytes, memory_order_relaxed);
+    uint64_t entries = atomic_load_explicit(&t->gauges.idle_entries, memory_order_relaxed);
+    return bytes > max_bytes || entries > max_entries;
+}

@@ -1,0 +1,50 @@
+/*
+ * fake_vmm.h - test hooks of the stand-in driver's VMM model (tests/fake_vmm.c,
+ * built into the same libcuda.so.1 as tests/fake_cuda.c).
+ *
+ * The model answers as the H200 driver measured by tests/gpu/vmm_errors.cu
+ * does (README, "VMM path"), and counts what a real driver would really have
+ * done, so a test can tell a cache hit from driver work.
+ */
+#ifndef IPCCACHE_TESTS_FAKE_VMM_H
+#define IPCCACHE_TESTS_FAKE_VMM_H
+
+#include <stdint.h>
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The allocation granularity the model reports (the H200's). */
+#define FAKEVMM_GRANULARITY (2ULL << 20)
+
+struct fakevmm_counters {
+    uint64_t creates;           /* successful cuMemCreate */
+    uint64_t exports;           /* successful exports (a new fd or fabric handle each) */
+    uint64_t import_calls, imports;   /* every import call; successful ones */
+    uint64_t reserve_calls, reserves;
+    uint64_t map_calls, maps;
+    uint64_t set_access_calls, set_accesses;
+    uint64_t unmap_calls, unmaps;     /* unmaps: mappings really removed */
+    uint64_t release_calls, releases;
+    uint64_t address_free_calls, address_frees;
+    uint64_t stale_handle_uses; /* a handle never given out or already released:
+                                   the real driver crashes on these */
+    int64_t live_handles, live_mappings, live_reservations;
+};
+
+void fakevmm_get_counters(struct fakevmm_counters *out);
+
+/* Access flags of device dev at ptr (inside a mapping); -1 if unmapped. */
+long long fakevmm_access(CUdeviceptr ptr, int dev);
+
+/* Resolver rows of the VMM functions (fake_cuda.c asks): the function for
+ * (symbol, version), *known set when the name is a VMM one. */
+void *fakevmm_proc(const char *symbol, int version, int *known);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IPCCACHE_TESTS_FAKE_VMM_H */

@@ -1,0 +1,173 @@
+/*
+ * vmm_rebuild.c - PyTorch's expandable-segments sharing, in C on the driver
+ * API, two processes on one GPU: the GPU check and benchmark of ipccache's
+ * VMM path.
+ *
+ * The exporter (a child forked before CUDA starts) creates CHUNKS
+ * allocations, maps them to write them, exports one fd each and keeps the fds
+ * open. Each iteration it fills every chunk with the iteration's number; the
+ * importer then rebuilds the segment exactly as c10's
+ * ExpandableSegment::fromShared does (pidfd_getfd + import + close per chunk,
+ * one reserve, a map per chunk, one set-access), reads every chunk's first
+ * word (it must be the latest number: a cached mapping must show the
+ * exporter's current data), and releases it as unmapHandles does (unmap +
+ * release per chunk, address free).
+ *
+ * Prints "check=ok" or "check=FAIL ...", and the median time of a rebuild +
+ * read + release. Build: nvcc -x cu -o vmm_rebuild vmm_rebuild.c -lcuda (or
+ * any C compiler with -lcuda). Arguments: [iterations] [chunks] [chunk MiB]
+ * [importer's GPU] (default 0; the exporter is always on GPU 0).
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+
+#include "vmm_pair.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_CHUNKS 64
+
+static int chunks = 26;
+static size_t chunk_bytes = 20u << 20;
+static int importer_gpu;
+
+#define must vmm_must
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* ---- exporter --------------------------------------------------------------- */
+
+static int exporter(int sock)
+{
+    vmm_start_cuda();
+    CUmemAllocationProp prop = vmm_fd_prop();
+    CUdeviceptr base;
+    must(cuMemAddressReserve(&base, chunks * chunk_bytes, 0, 0, 0), "exporter reserve");
+    int fds[MAX_CHUNKS];
+    for (int i = 0; i < chunks; i++) {
+        CUmemGenericAllocationHandle h;
+        must(cuMemCreate(&h, chunk_bytes, &prop, 0), "cuMemCreate");
+        must(cuMemMap(base + i * chunk_bytes, chunk_bytes, 0, h, 0), "exporter map");
+        must(cuMemExportToShareableHandle(&fds[i], h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+             "export");
+    }
+    CUmemAccessDesc d = vmm_rw_on(0);
+    must(cuMemSetAccess(base, chunks * chunk_bytes, &d, 1), "exporter access");
+    if (write(sock, fds, sizeof(int) * chunks) != (ssize_t)(sizeof(int) * chunks))
+        return 2;
+    unsigned gen;
+    while (read(sock, &gen, sizeof(gen)) == sizeof(gen)) {
+        must(cuMemsetD32(base, gen, chunks * chunk_bytes / 4), "fill");
+        must(cuCtxSynchronize(), "sync");
+        if (write(sock, &gen, sizeof(gen)) != sizeof(gen))
+            return 2;
+    }
+    return 0;
+}
+
+/* ---- importer ----------------------------------------------------------------- */
+
+/* What the consumer receives each time: a fresh fd for the exporter's one. */
+static int receive(int pidfd, int remote_fd)
+{
+    return (int)syscall(SYS_pidfd_getfd, pidfd, remote_fd, 0);
+}
+
+static int rebuild_read_release(int pidfd, const int *remote, unsigned gen)
+{
+    CUmemGenericAllocationHandle h[MAX_CHUNKS];
+    for (int i = 0; i < chunks; i++) {
+        int fd = receive(pidfd, remote[i]);
+        if (fd < 0) {
+            perror("vmm_rebuild: pidfd_getfd");
+            exit(1);
+        }
+        must(cuMemImportFromShareableHandle(&h[i], (void *)(intptr_t)fd,
+                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+             "import");
+        close(fd);
+    }
+    CUdeviceptr p;
+    must(cuMemAddressReserve(&p, chunks * chunk_bytes, 0, 0, 0), "reserve");
+    for (int i = 0; i < chunks; i++)
+        must(cuMemMap(p + i * chunk_bytes, chunk_bytes, 0, h[i], 0), "map");
+    CUmemAccessDesc d = vmm_rw_on(importer_gpu);
+    must(cuMemSetAccess(p, chunks * chunk_bytes, &d, 1), "set access");
+    int bad = 0;
+    for (int i = 0; i < chunks; i++) {
+        unsigned v = 0;
+        must(cuMemcpyDtoH(&v, p + i * chunk_bytes + chunk_bytes - 4, sizeof(v)), "read");
+        bad += v != gen;
+    }
+    must(cuCtxSynchronize(), "sync");
+    for (int i = 0; i < chunks; i++) {
+        must(cuMemUnmap(p + i * chunk_bytes, chunk_bytes), "unmap");
+        must(cuMemRelease(h[i]), "release");
+    }
+    must(cuMemAddressFree(p, chunks * chunk_bytes), "address free");
+    return bad;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    int iters = argc > 1 ? atoi(argv[1]) : 50;
+    if (argc > 2)
+        chunks = atoi(argv[2]);
+    if (argc > 3)
+        chunk_bytes = (size_t)atoi(argv[3]) << 20;
+    if (argc > 4)
+        importer_gpu = atoi(argv[4]);
+    if (iters < 1 || iters > 100000 || chunks < 1 || chunks > MAX_CHUNKS)
+        return 2;
+    int sock;
+    pid_t pid = vmm_fork_exporter(exporter, &sock);
+    int remote[MAX_CHUNKS];
+    if (read(sock, remote, sizeof(int) * chunks) != (ssize_t)(sizeof(int) * chunks))
+        return 2;
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        perror("vmm_rebuild: pidfd_open");
+        return 2;
+    }
+    vmm_start_cuda_on(importer_gpu);
+    double *t = calloc((size_t)iters, sizeof(double));
+    int bad = 0;
+    for (unsigned gen = 1; gen <= (unsigned)iters; gen++) {
+        unsigned ack;
+        if (write(sock, &gen, sizeof(gen)) != sizeof(gen) ||
+            read(sock, &ack, sizeof(ack)) != sizeof(ack))
+            return 2;
+        double t0 = now_us();
+        bad += rebuild_read_release(pidfd, remote, gen);
+        t[gen - 1] = now_us() - t0;
+    }
+    close(sock);
+    waitpid(pid, NULL, 0);
+    qsort(t, (size_t)iters, sizeof(double), by_value);
+    printf("iterations=%d chunks=%d chunk_mib=%zu importer_gpu=%d max_us=%.0f median_us=%.1f\n",
+           iters, chunks, chunk_bytes >> 20, importer_gpu, t[iters - 1], t[iters / 2]);
+    if (bad)
+        printf("check=FAIL stale_reads=%d\n", bad);
+    else
+        printf("check=ok\n");
+    return bad ? 1 : 0;
+}

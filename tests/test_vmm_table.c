@@ -1,0 +1,384 @@
+/*
+ * test_vmm_table.c - the VMM path's table alone (shim/vmm_imports.c, vmm_ranges.c): no CUDA,
+ * no preload. File descriptions are played by numbers: desc[fd] is the
+ * description fd names, and the comparator orders those as kcmp would.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define G (2ULL << 20)
+
+static int desc[4096];
+static int compares;
+static int refuse;
+
+static int cmp_desc(int a, int b)
+{
+    compares++;
+    if (refuse)
+        return IPCC_VMM_CMP_FAILED;
+    return desc[a] == desc[b] ? 0 : desc[a] < desc[b] ? -1 : 1;
+}
+
+/* Different descriptions, never ordered (kcmp's answer 3). */
+static int cmp_unordered(int a, int b)
+{
+    return desc[a] == desc[b] ? 0 : IPCC_VMM_UNORDERED;
+}
+
+static struct ipcc_vmm_id fd_id(int fd, int description)
+{
+    struct ipcc_vmm_id id;
+    memset(&id, 0, sizeof(id));
+    id.fd = fd;
+    desc[fd] = description;
+    return id;
+}
+
+static struct ipcc_vmm_table *table(void)
+{
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(cmp_desc);
+    cr_assert_not_null(t);
+    return t;
+}
+
+/* Records an import of (fd, description) as handle. */
+static void add(struct ipcc_vmm_table *t, int fd, int description, uint64_t handle)
+{
+    struct ipcc_vmm_id id = fd_id(fd, description);
+    uint64_t cached = 0;
+    cr_assert_eq(ipcc_vmm_import_insert(t, &id, handle, 1, &cached), 1);
+}
+
+static int find(struct ipcc_vmm_table *t, int fd, int description, uint64_t *handle)
+{
+    struct ipcc_vmm_id id = fd_id(fd, description);
+    return ipcc_vmm_import_find(t, &id, 2, handle);
+}
+
+static uint64_t idle_entries(struct ipcc_vmm_table *t)
+{
+    return atomic_load(&ipcc_vmm_table_gauges(t)->idle_entries);
+}
+
+static uint64_t idle_bytes(struct ipcc_vmm_table *t)
+{
+    return atomic_load(&ipcc_vmm_table_gauges(t)->idle_bytes);
+}
+
+/* An fd naming a recorded description finds its handle, with a reference. */
+Test(vmm_table, same_description_is_a_hit, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 7, 0xa1);
+    uint64_t h = 0;
+    cr_assert_eq(find(t, 5, 7, &h), 1);
+    cr_assert_eq(h, 0xa1);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 3), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 3), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 3), IPCC_RELEASE_PAST_ZERO);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* A recycled fd number naming another description is a miss. */
+Test(vmm_table, recycled_fd_number_is_a_miss, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 7, 0xa1);
+    uint64_t h = 0;
+    cr_assert_eq(find(t, 5, 8, &h), 0);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* Lookups among many imports take logarithmically many comparisons. */
+Test(vmm_table, lookup_is_a_binary_search, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    for (int i = 0; i < 1000; i++)
+        add(t, 1000 + i, (i * 7919) % 1000 + 1, 0x1000 + (uint64_t)i);
+    for (int i = 0; i < 1000; i += 37) {
+        uint64_t h = 0;
+        compares = 0;
+        cr_assert_eq(find(t, 10, (i * 7919) % 1000 + 1, &h), 1);
+        cr_assert_eq(h, 0x1000 + (uint64_t)i);
+        cr_assert_leq(compares, 11, "%d comparisons", compares);
+    }
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* Descriptions the comparator cannot order are still found, by a scan. */
+Test(vmm_table, unordered_descriptions_are_scanned, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(cmp_unordered);
+    for (int i = 0; i < 20; i++)
+        add(t, 200 + i, 50 + i, 0x200 + (uint64_t)i);
+    uint64_t h = 0;
+    cr_assert_eq(find(t, 9, 63, &h), 1);
+    cr_assert_eq(h, 0x200 + 13);
+    cr_assert_eq(find(t, 9, 99, &h), 0);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* A refused comparator makes identity undecidable: -1, never a guess. */
+Test(vmm_table, refused_comparator_is_undecided, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 7, 0xa1);
+    refuse = 1;
+    uint64_t h = 0;
+    cr_assert_eq(find(t, 5, 7, &h), -1);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* A second insert of one description (a racing thread) shares the first. */
+Test(vmm_table, racing_insert_shares_the_first, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 7, 0xa1);
+    struct ipcc_vmm_id id = fd_id(101, 7);
+    uint64_t cached = 0;
+    cr_assert_eq(ipcc_vmm_import_insert(t, &id, 0xb2, 1, &cached), 0);
+    cr_assert_eq(cached, 0xa1);
+    cr_assert_eq(ipcc_vmm_table_imports(t), 1);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* Fabric handles are told apart by their bytes. */
+Test(vmm_table, fabric_identity_is_the_bytes, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    struct ipcc_vmm_id a, b;
+    memset(&a, 0, sizeof(a));
+    a.fabric = 1;
+    a.fd = -1;
+    memset(a.bytes, 0x11, sizeof(a.bytes));
+    b = a;
+    b.bytes[63] = 0x12;
+    uint64_t h = 0;
+    cr_assert_eq(ipcc_vmm_import_insert(t, &a, 0xf1, 1, &h), 1);
+    cr_assert_eq(ipcc_vmm_import_find(t, &b, 1, &h), 0);
+    cr_assert_eq(ipcc_vmm_import_find(t, &a, 1, &h), 1);
+    cr_assert_eq(h, 0xf1);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* ---- a rebuild: reserve R, chunks h1 at R, h2 at R+G ---------------------- */
+
+#define R 0x500000000000ULL
+
+static struct ipcc_vmm_table *built(void)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 1, 0xa1);
+    add(t, 101, 2, 0xa2);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_reserve_track(t, R, 4 * G), 0);
+    cr_assert_eq(ipcc_vmm_map(t, R, G, 0xa1, 1, &ops), IPCC_VMM_PASS);
+    ipcc_vmm_map_done(t, R, G, 0xa1);
+    cr_assert_eq(ipcc_vmm_map(t, R + G, G, 0xa2, 1, &ops), IPCC_VMM_PASS);
+    ipcc_vmm_map_done(t, R + G, G, 0xa2);
+    cr_assert_eq(ops.n, 0);
+    return t;
+}
+
+/* The consumer's release: unmaps, releases, free; all kept, all idle. */
+static void release_all(struct ipcc_vmm_table *t)
+{
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_unmap(t, R, G, 5, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_unmap(t, R + G, G, 5, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 5), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa2, 5), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_vmm_free(t, R, 4 * G, 5, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ops.n, 0);
+}
+
+/* Released and freed, the segment is idle; its imports count as idle bytes. */
+Test(vmm_table, release_leaves_the_segment_idle, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    cr_assert_eq(idle_entries(t), 0);
+    release_all(t);
+    cr_assert_eq(idle_entries(t), 2);
+    cr_assert_eq(idle_bytes(t), 2 * G);
+    cr_assert_eq(atomic_load(&ipcc_vmm_table_gauges(t)->idle_reservations), 1);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* A rebuild after the same imports gets the range back and its maps are hits. */
+Test(vmm_table, rebuild_reuses_the_range_and_mappings, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    release_all(t);
+    uint64_t h = 0, addr = 0;
+    cr_assert_eq(find(t, 7, 1, &h), 1);
+    cr_assert_eq(find(t, 8, 2, &h), 1);
+    const uint64_t recent[] = { 0xa1, 0xa2 };
+    cr_assert_eq(ipcc_vmm_reserve_reuse(t, 4 * G, 0, recent, 2, 9, &addr), 1);
+    cr_assert_eq(addr, R);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_map(t, R, G, 0xa1, 9, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_map(t, R + G, G, 0xa2, 9, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ops.n, 0);
+    cr_assert_eq(idle_entries(t), 0);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* No reuse unless every kept chunk was just imported, and the size matches. */
+Test(vmm_table, reuse_needs_every_chunk_and_the_size, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    release_all(t);
+    uint64_t addr = 0;
+    const uint64_t one[] = { 0xa1 }, both[] = { 0xa1, 0xa2 };
+    cr_assert_eq(ipcc_vmm_reserve_reuse(t, 4 * G, 0, one, 1, 9, &addr), 0);
+    cr_assert_eq(ipcc_vmm_reserve_reuse(t, 2 * G, 0, both, 2, 9, &addr), 0);
+    cr_assert_eq(ipcc_vmm_reserve_reuse(t, 4 * G, 1ULL << 46, both, 2, 9, &addr), 0);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* Another allocation mapped where a kept one sits: the kept one is unmapped first. */
+Test(vmm_table, other_allocation_unmaps_the_kept_chunk, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    add(t, 102, 3, 0xa3);
+    release_all(t);
+    uint64_t addr = 0;
+    const uint64_t recent[] = { 0xa1, 0xa2 };
+    cr_assert_eq(ipcc_vmm_reserve_reuse(t, 4 * G, 0, recent, 2, 9, &addr), 1);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_map(t, R + G, G, 0xa3, 9, &ops), IPCC_VMM_PASS);
+    cr_assert_eq(ops.n, 1);
+    cr_assert_eq(ops.v[0].op, IPCC_VMM_UNMAP);
+    cr_assert_eq(ops.v[0].addr, R + G);
+    free(ops.v);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* Set-access is skipped only for exactly the access every chunk has. */
+Test(vmm_table, access_skip_only_when_nothing_changes, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    struct ipcc_vmm_ops ops = { 0 };
+    const struct ipcc_vmm_access rw0 = { 0, 3 }, rw1 = { 1, 3 }, ro0 = { 0, 1 };
+    cr_assert_eq(ipcc_vmm_set_access(t, R, 2 * G, &rw0, 1, &ops), IPCC_VMM_PASS);
+    ipcc_vmm_set_access_done(t, R, 2 * G, &rw0, 1);
+    cr_assert_eq(ipcc_vmm_set_access(t, R, 2 * G, &rw0, 1, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_set_access(t, R, G, &rw0, 1, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_set_access(t, R, 2 * G, &rw1, 1, &ops), IPCC_VMM_PASS);
+    cr_assert_eq(ipcc_vmm_set_access(t, R, 2 * G, &ro0, 1, &ops), IPCC_VMM_PASS);
+    cr_assert_eq(ipcc_vmm_set_access(t, R, 3 * G, &rw0, 1, &ops), IPCC_VMM_PASS,
+                 "a hole: the driver refuses it");
+    cr_assert_eq(ipcc_vmm_set_access(t, R + G / 2, G, &rw0, 1, &ops), IPCC_VMM_PASS);
+    cr_assert_eq(ops.n, 0);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* Access survives the keep: a rebuild asking for the same access skips it. */
+Test(vmm_table, kept_access_is_remembered, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    const struct ipcc_vmm_access rw0 = { 0, 3 };
+    ipcc_vmm_set_access_done(t, R, 2 * G, &rw0, 1);
+    release_all(t);
+    uint64_t h, addr;
+    find(t, 7, 1, &h);
+    find(t, 8, 2, &h);
+    const uint64_t recent[] = { 0xa1, 0xa2 };
+    cr_assert_eq(ipcc_vmm_reserve_reuse(t, 4 * G, 0, recent, 2, 9, &addr), 1);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_map(t, R, G, 0xa1, 9, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_map(t, R + G, G, 0xa2, 9, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_set_access(t, R, 2 * G, &rw0, 1, &ops), IPCC_VMM_DONE);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* The app freed the range: every call on it gets the driver's INVALID_VALUE. */
+Test(vmm_table, freed_range_is_invalid, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    release_all(t);
+    struct ipcc_vmm_ops ops = { 0 };
+    const struct ipcc_vmm_access rw0 = { 0, 3 };
+    cr_assert_eq(ipcc_vmm_map(t, R + 2 * G, G, 0xa1, 9, &ops), IPCC_VMM_INVALID);
+    cr_assert_eq(ipcc_vmm_unmap(t, R, G, 9, &ops), IPCC_VMM_INVALID);
+    cr_assert_eq(ipcc_vmm_set_access(t, R, G, &rw0, 1, &ops), IPCC_VMM_INVALID);
+    cr_assert_eq(ipcc_vmm_free(t, R, 4 * G, 9, &ops), IPCC_VMM_INVALID);
+    cr_assert_eq(ipcc_vmm_give_way(t, R, 1, &ops), IPCC_VMM_INVALID);
+    cr_assert_eq(ops.n, 0);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* Part of a mapping, or a free with a mapping left: the driver decides. */
+Test(vmm_table, inexact_calls_go_to_the_driver, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_unmap(t, R, G / 2, 9, &ops), IPCC_VMM_PASS);
+    cr_assert_eq(ipcc_vmm_free(t, R, 4 * G, 9, &ops), IPCC_VMM_PASS);
+    cr_assert_eq(ipcc_vmm_unmap(t, R, G, 9, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_free(t, R, 2 * G, 9, &ops), IPCC_VMM_PASS, "wrong size");
+    cr_assert_eq(ops.n, 0);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* Eviction takes the least recently used segment, whole, imports included. */
+Test(vmm_table, eviction_tears_down_a_segment, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    release_all(t);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert(ipcc_vmm_over_caps(t, G, 10));
+    cr_assert_eq(ipcc_vmm_evict_one(t, &ops), 1);
+    int unmaps = 0, frees = 0, releases = 0;
+    for (size_t i = 0; i < ops.n; i++) {
+        unmaps += ops.v[i].op == IPCC_VMM_UNMAP;
+        frees += ops.v[i].op == IPCC_VMM_FREE;
+        releases += ops.v[i].op == IPCC_VMM_RELEASE && ops.v[i].fd >= 100;
+        cr_assert(ops.v[i].op != IPCC_VMM_UNMAP || frees == 0, "unmaps come before the free");
+    }
+    cr_assert_eq(unmaps, 2);
+    cr_assert_eq(frees, 1);
+    cr_assert_eq(releases, 2);
+    cr_assert_eq(idle_entries(t), 0);
+    cr_assert_eq(idle_bytes(t), 0);
+    cr_assert_eq(ipcc_vmm_table_imports(t), 0);
+    cr_assert_eq(ipcc_vmm_evict_one(t, &ops), 0);
+    free(ops.v);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* An address hint on an idle range frees that range; the imports stay. */
+Test(vmm_table, hint_on_idle_range_gives_way, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    release_all(t);
+    struct ipcc_vmm_ops ops = { 0 };
+    ipcc_vmm_clear_range(t, R + G, G, &ops);
+    cr_assert_eq(ops.n, 3);
+    cr_assert_eq(ops.v[2].op, IPCC_VMM_FREE);
+    cr_assert_eq(ipcc_vmm_table_imports(t), 2);
+    free(ops.v);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+static int closed[8], nclosed;
+static void note_close(int fd)
+{
+    closed[nclosed++] = fd;
+}
+
+/* Clearing (a fork child) closes every kept dup and forgets everything. */
+Test(vmm_table, clear_closes_kept_dups, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    ipcc_vmm_table_clear(t, note_close);
+    cr_assert_eq(nclosed, 2);
+    cr_assert_eq(ipcc_vmm_table_imports(t), 0);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_map(t, R, G, 0xa1, 1, &ops), IPCC_VMM_PASS);
+    ipcc_vmm_table_destroy(t, NULL);
+}
