@@ -20,7 +20,8 @@ CFLAGS     ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
-           shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c
+           shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c \
+           shim/fmt.c shim/marker.c shim/userdir.c
 # The dlsym trampoline is assembly, one file per architecture.
 ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
 TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o
@@ -64,10 +65,10 @@ $(FAKE): tests/fake_cuda.c tests/fake_cuda.h
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
 # The table and the settings parser, tested alone: no CUDA, no preload.
-$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/internal.h
+$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c shim/internal.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c $(TEST_LIBS)
+	    shim/log.c shim/fmt.c $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
