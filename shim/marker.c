@@ -13,12 +13,18 @@
  *   pid=<pid>
  *   start=<field 22 of /proc/<pid>/stat: start time, clock ticks after boot>
  *   signal=<signal number>
+ *   base=<address where libipccache.so is mapped, decimal>
  *   stats_file=<IPCCACHE_STATS_FILE expanded for the pid, or empty>
  *   request_dir=<directory of the request file, or empty>
+ *
+ * After an exec the pid and start time stay but the library's mapping goes
+ * (or moves): the base tells a marker left by the program before its exec.
  *
  * Written under a temporary name and renamed, so a reader never sees half a
  * marker. Everything here is async-signal-safe: a fork child runs it.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <stdio.h> /* renameat */
 #include <stdlib.h>
@@ -32,6 +38,7 @@
 
 static _Atomic long marker_pid; /* whose marker this process wrote; 0: none */
 static _Atomic int remove_registered;
+static uintptr_t library_base; /* found at the first write; a fork child keeps it */
 
 /* ipccache-<pid><suffix> into buf. */
 static int marker_name(char *buf, size_t cap, long pid, const char *suffix)
@@ -87,6 +94,8 @@ static int format_marker(char *buf, size_t cap, long pid, int sig, const char *r
     ipcc_out_u64(&o, start_time());
     ipcc_out_str(&o, "\nsignal=");
     ipcc_out_u64(&o, (uint64_t)sig);
+    ipcc_out_str(&o, "\nbase=");
+    ipcc_out_u64(&o, (uint64_t)library_base);
     ipcc_out_str(&o, "\n");
     put_line(&o, "stats_file=", stats_file);
     put_line(&o, "request_dir=", request_dir);
@@ -123,6 +132,9 @@ static int write_all(int fd, const char *buf, size_t len)
  * calls (a fork child's) may be. */
 int ipcc_marker_write(int sig, const char *request_dir)
 {
+    Dl_info self;
+    if (!library_base && dladdr((void *)ipcc_marker_write, &self) && self.dli_fbase)
+        library_base = (uintptr_t)self.dli_fbase;
     long pid = (long)getpid();
     char text[1024], name[64], tmp[64];
     int len = format_marker(text, sizeof(text), pid, sig, request_dir);

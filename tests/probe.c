@@ -530,6 +530,8 @@ static int scenario_marker(int argc, char **argv)
         printf(i ? "marker_%s" : "marker_header=%s", line);
     fclose(f);
     printf("start=%s\n", self_start(start, sizeof(start)));
+    Dl_info lib; /* drv.ipc_open is the library's wrapper */
+    put("library_base", dladdr((void *)drv.ipc_open, &lib) ? (long long)(uintptr_t)lib.dli_fbase : 0);
     return bad;
 }
 

@@ -832,7 +832,7 @@ Test(process, fork_child_stats_go_to_its_own_file, .timeout = 20)
 
 Test(process, marker_says_pid_start_signal_and_destination, .timeout = 20)
 {
-    /* The marker holds the pid, its start time, the signal, the expanded stats file and the request folder; it goes at exit. */
+    /* The marker holds the pid, its start time, the signal, the library's base, the expanded stats file and the request folder; it goes at exit. */
     char env[PATH_MAX + 32], want[PATH_MAX + 32], buf[PATH_MAX + 32];
     struct proc p;
     probe(&p, ENV("IPCCACHE_STATS_SIGNAL=USR2", stats_file_env(env, sizeof(env), "s.%p")),
@@ -843,6 +843,8 @@ Test(process, marker_says_pid_start_signal_and_destination, .timeout = 20)
     expect_kv(&p, "marker_start", kv(&p, "start"));
     cr_assert_gt(kv(&p, "start"), 0);
     expect_kv(&p, "marker_signal", SIGUSR2);
+    cr_assert_neq(kv(&p, "library_base"), 0);
+    expect_kv(&p, "marker_base", kv(&p, "library_base"));
     snprintf(want, sizeof(want), "%s/s.%lld", tmpdir, kv(&p, "pid"));
     cr_assert(eq(str, STR(kv_str(&p, "marker_stats_file", buf, sizeof(buf))), want));
     snprintf(want, sizeof(want), "%s/ipccache", tmpdir);
