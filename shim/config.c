@@ -228,9 +228,12 @@ static const struct setting settings[] = {
     { "IPCCACHE_MAX_IDLE_BYTES", set_idle_bytes, "a size such as 8G, 512M or 1048576" },
     { "IPCCACHE_MAX_IDLE_ENTRIES", set_idle_entries, "a non-negative integer" },
     { "IPCCACHE_LOG", set_log, "one of error, warn, info, debug" },
-    { "IPCCACHE_STATS_FILE", set_stats_file, "a path (%p expands to the pid, %% is a percent sign)" },
-    { "IPCCACHE_STATS_DIR", set_stats_dir, "an absolute directory path (yours, not writable by group or others)" },
-    { "IPCCACHE_STATS_SIGNAL", set_signal, "a catchable asynchronous signal: a name (USR1, SIGUSR2, RTMIN+n, RTMAX-n) or number, 0 for none" },
+    { "IPCCACHE_STATS_FILE", set_stats_file,
+      "a path without newlines (%p expands to the pid, %% is a percent sign)" },
+    { "IPCCACHE_STATS_DIR", set_stats_dir, "an absolute directory path" },
+    { "IPCCACHE_STATS_SIGNAL", set_signal,
+      "a signal name (USR1, SIGUSR2, RTMIN+n, RTMAX-n) or number, 0 for none; "
+      "not SEGV, BUS, FPE, ILL, TRAP, SYS, KILL or STOP" },
     { "IPCCACHE_STATS_AT_EXIT", set_at_exit, "a boolean" },
 };
 

@@ -531,7 +531,8 @@ static int scenario_marker(int argc, char **argv)
     fclose(f);
     printf("start=%s\n", self_start(start, sizeof(start)));
     Dl_info lib; /* drv.ipc_open is the library's wrapper */
-    put("library_base", dladdr((void *)drv.ipc_open, &lib) ? (long long)(uintptr_t)lib.dli_fbase : 0);
+    put("library_base",
+        dladdr((void *)drv.ipc_open, &lib) ? (long long)(uintptr_t)lib.dli_fbase : 0);
     return bad;
 }
 
@@ -552,7 +553,8 @@ static int scenario_signal_planted(int argc, char **argv)
         if (mkfifo(path, 0666) != 0 || (fd = open(path, O_RDONLY | O_NONBLOCK)) < 0)
             die(EXIT_SETUP, "fifo %s: %s", path, strerror(errno));
     } else if (strcmp(kind, "symlink") == 0) {
-        if ((fd = open(victim, O_RDONLY | O_CREAT | O_EXCL, 0600)) < 0 || symlink(victim, path) != 0)
+        fd = open(victim, O_RDONLY | O_CREAT | O_EXCL, 0600);
+        if (fd < 0 || symlink(victim, path) != 0)
             die(EXIT_SETUP, "symlink %s: %s", path, strerror(errno));
     } else if (strcmp(kind, "other") == 0) {
         if ((fd = open(path, O_RDONLY | O_CREAT | O_EXCL, 0666)) < 0 || fchmod(fd, 0666) != 0 ||

@@ -48,7 +48,8 @@ static void make_tmpdir(void)
 {
     find_build_dir();
     const char *base = getenv("TMPDIR");
-    snprintf(tmpdir, sizeof(tmpdir), "%s/ipcc-process-XXXXXX", base && *base == '/' ? base : "/tmp");
+    snprintf(tmpdir, sizeof(tmpdir), "%s/ipcc-process-XXXXXX",
+             base && *base == '/' ? base : "/tmp");
     cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
 }
 
@@ -942,16 +943,21 @@ Test(process, stats_dir_writable_by_others_is_refused, .timeout = 20)
     rmdir(dir);
 }
 
-Test(process, userdir_of_another_owner_is_refused, .timeout = 20)
+Test(process, userdir_of_another_owner_or_open_to_all_is_refused, .timeout = 20)
 {
-    /* A per-user folder planted by another user (or open to all): one warning, no marker, line on stderr. */
+    /* A per-user folder planted by another user, or open to all (0777): one warning, no marker, line on stderr. */
     char dir[PATH_MAX], marker[PATH_MAX + 64];
-    cr_assert_eq(mkdir(tmp_path(dir, sizeof(dir), "ipccache"), 0700), 0);
-    cr_assert_eq(chown(dir, 65534, 65534), 0);
-    struct proc p;
-    probe(&p, NO_ENV, "signal");
-    expect_line_on_stderr(&p);
-    cr_assert_not_null(strstr(p.err, "ipccache: warning: "), "%s", p.err);
-    snprintf(marker, sizeof(marker), "%s/ipccache-%lld.marker", dir, kv(&p, "pid"));
-    cr_assert_neq(access(marker, F_OK), 0, "marker written in another user's folder");
+    tmp_path(dir, sizeof(dir), "ipccache");
+    for (int open_to_all = 0; open_to_all < 2; open_to_all++) {
+        cr_assert_eq(mkdir(dir, 0700), 0);
+        cr_assert_eq(open_to_all ? chmod(dir, 0777) : chown(dir, 65534, 65534), 0);
+        struct proc p;
+        probe(&p, NO_ENV, "signal");
+        expect_line_on_stderr(&p);
+        cr_assert_not_null(strstr(p.err, "ipccache: warning: "), "%s", p.err);
+        snprintf(marker, sizeof(marker), "%s/ipccache-%lld.marker", dir, kv(&p, "pid"));
+        cr_assert_neq(access(marker, F_OK), 0, "marker written in %s",
+                      open_to_all ? "an open folder" : "another user's folder");
+        cr_assert_eq(rmdir(dir), 0, "%s: %s", dir, strerror(errno));
+    }
 }
