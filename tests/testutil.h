@@ -71,25 +71,24 @@ static inline long long tu_stat(const char *path, const char *key)
     return at ? strtoll(at + strlen(pat), NULL, 10) : -1;
 }
 
-static inline void tu_remove_stats_file(void);
+static char tu_stats_path[512];
+
+static inline void tu_remove_stats_file(void)
+{
+    unlink(tu_stats_path);
+}
 
 /* A private stats file for this test process, in $TMPDIR (the suite gives
  * each run its own), removed when the test process exits. */
 static inline const char *tu_stats_file(void)
 {
-    static char path[512];
     const char *dir = getenv("TMPDIR");
-    snprintf(path, sizeof(path), "%s/ipcc-test-%ld.stats", dir && *dir == '/' ? dir : "/tmp",
-             (long)getpid());
-    unlink(path);
-    setenv("IPCCACHE_STATS_FILE", path, 1);
+    snprintf(tu_stats_path, sizeof(tu_stats_path), "%s/ipcc-test-%ld.stats",
+             dir && *dir == '/' ? dir : "/tmp", (long)getpid());
+    unlink(tu_stats_path);
+    setenv("IPCCACHE_STATS_FILE", tu_stats_path, 1);
     atexit(tu_remove_stats_file);
-    return path;
-}
-
-static inline void tu_remove_stats_file(void)
-{
-    unlink(getenv("IPCCACHE_STATS_FILE"));
+    return tu_stats_path;
 }
 
 #endif
