@@ -384,11 +384,12 @@ static struct {
 } interrupt;
 
 /* Signals the reading thread until its read() returns; if it never does
- * (the call is restarted every time), ends it with a byte after 5000. */
+ * (the call is restarted every time), ends it with a byte after 200
+ * signals, a millisecond or more apart. */
 static void *interrupter(void *arg)
 {
     (void)arg;
-    for (int i = 0; i < 5000 && !atomic_load(&interrupt.done); i++) {
+    for (int i = 0; i < 200 && !atomic_load(&interrupt.done); i++) {
         pthread_kill(interrupt.reader, SIGUSR1);
         usleep(1000);
     }
@@ -414,30 +415,31 @@ static int read_interrupted(void)
     return eintr;
 }
 
-/* The program's own SIGUSR1 handler, set up before any IPC: no SA_RESTART,
- * on an alternate stack, SIGUSR2 blocked while it runs. */
-static void install_app_handler(void)
+/* The program's own SIGUSR1 handler, set up before any IPC: on an
+ * alternate stack, SIGUSR2 blocked while it runs, SA_RESTART as asked. */
+static void install_app_handler(int restart)
 {
     static char altstack[64 * 1024];
     stack_t ss = { .ss_sp = altstack, .ss_size = sizeof(altstack) };
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = app_handler;
-    sa.sa_flags = SA_ONSTACK;
+    sa.sa_flags = SA_ONSTACK | (restart ? SA_RESTART : 0);
     sigemptyset(&sa.sa_mask);
     sigaddset(&sa.sa_mask, SIGUSR2);
     if (sigaltstack(&ss, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0)
         die(EXIT_SETUP, "cannot install the program's handler: %s", strerror(errno));
 }
 
-/* "app": the program has a SIGUSR1 handler of its own; "default": it has
+/* "app": the program has a SIGUSR1 handler of its own (without
+ * SA_RESTART); "app_restart": the same with SA_RESTART; "default": it has
  * none. After the first IPC call, prints how SIGUSR1 is set up now and
  * whether it still interrupts a read(). */
 static int scenario_signal_manners(int argc, char **argv)
 {
-    int app = !(argc > 2 && strcmp(argv[2], "default") == 0);
-    if (app)
-        install_app_handler();
+    const char *kind = argc > 2 ? argv[2] : "app";
+    if (strcmp(kind, "default") != 0)
+        install_app_handler(strcmp(kind, "app_restart") == 0);
     int bad = start_cache();
     struct sigaction now;
     sigaction(SIGUSR1, NULL, &now);
@@ -842,7 +844,7 @@ static const struct {
     { "hold", scenario_hold, "[N=10] [SECONDS=10]" },
     { "signal", scenario_signal, "[SIGNO=SIGUSR1]" },
     { "signal_request", scenario_signal_request, "[SIGNO=SIGUSR1]" },
-    { "signal_manners", scenario_signal_manners, "[app|default]" },
+    { "signal_manners", scenario_signal_manners, "[app|app_restart|default]" },
     { "signal_ignored", scenario_signal_ignored, "" },
     { "signal_planted", scenario_signal_planted, "fifo|symlink|other" },
     { "fork_stats", scenario_fork_stats, "" },

@@ -770,6 +770,18 @@ Test(process, stats_handler_keeps_the_programs_flags_and_mask, .timeout = 20)
     expect_kv(&p, "app_handler_called", 1);
 }
 
+Test(process, stats_handler_keeps_sa_restart_when_the_program_chose_it, .timeout = 20)
+{
+    /* Over the program's handler with SA_RESTART, ours restarts calls too: a read() is not cut short. */
+    char env[PATH_MAX + 32];
+    struct proc p;
+    probe(&p, ENV(stats_file_env(env, sizeof(env), "s.%p")), "signal_manners", "app_restart");
+    expect_quiet_success(&p);
+    expect_kv(&p, "restart", 1);
+    expect_kv(&p, "read_eintr", 0);
+    expect_kv(&p, "app_handler_called", 1);
+}
+
 Test(process, stats_signal_still_interrupts_a_read, .timeout = 20)
 {
     /* A read() the program expects SIGUSR1 to interrupt still returns EINTR, with or without a handler of its own. */
