@@ -90,7 +90,9 @@ py() { timeout "$LIMIT" "$PY" "$@"; }
 # ---------------------------------------------------------------------------
 # Fake targets
 
-LIBNAME=libfake-ipccache.so
+# Named for this run only: a tool of another run on the same machine that
+# looks for processes by the library's name must not find these fakes.
+LIBNAME=libfake-ipccache-$$.so
 printf 'not really a library\n' >"$tmp/$LIBNAME"
 
 cat >"$tmp/fake_target.py" <<'EOF'
