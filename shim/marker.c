@@ -39,6 +39,7 @@
 static _Atomic long marker_pid; /* whose marker this process wrote; 0: none */
 static _Atomic int remove_registered;
 static uintptr_t library_base; /* found at the first write; a fork child keeps it */
+static _Atomic int base_looked_up;
 
 /* ipccache-<pid><suffix> into buf. */
 static int marker_name(char *buf, size_t cap, long pid, const char *suffix)
@@ -132,8 +133,10 @@ static int write_all(int fd, const char *buf, size_t len)
  * calls (a fork child's) may be. */
 int ipcc_marker_write(int sig, const char *request_dir)
 {
+    /* dladdr takes the loader's lock: only on the first call, never in a
+     * fork child, which may have inherited that lock taken. */
     Dl_info self;
-    if (!library_base && dladdr((void *)ipcc_marker_write, &self) && self.dli_fbase)
+    if (!atomic_exchange(&base_looked_up, 1) && dladdr((void *)ipcc_marker_write, &self))
         library_base = (uintptr_t)self.dli_fbase;
     long pid = (long)getpid();
     char text[1024], name[64], tmp[64];
