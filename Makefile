@@ -32,7 +32,8 @@ ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
            shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c \
            shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
-           shim/vmm_ranges.c
+           shim/vmm_ranges.c \
+           shim/fmt.c shim/marker.c shim/userdir.c
 # The dlsym trampoline is assembly, one file per architecture.
 ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
 TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o
@@ -86,10 +87,10 @@ $(LIB): $(SHIM_OBJ) shim/ipccache.map
 # The library's settings parser as a command (ipccache-run checks with it).
 # Static: it then runs on any glibc (an executable's start-up code needs the
 # glibc it was linked with) and needs no library at all.
-$(CONFIG_TOOL): tools/ipccache_config.c shim/config.c shim/log.c shim/internal.h | prereqs
+$(CONFIG_TOOL): tools/ipccache_config.c shim/config.c shim/log.c shim/fmt.c shim/internal.h | prereqs
 	@mkdir -p $(@D)
 	$(CC) $(filter-out -fsanitize=% -fno-sanitize-recover=%,$(ALL_CFLAGS)) -static -o $@ \
-	    tools/ipccache_config.c shim/config.c shim/log.c
+	    tools/ipccache_config.c shim/config.c shim/log.c shim/fmt.c
 
 # ---- tests ------------------------------------------------------------------
 
@@ -103,11 +104,11 @@ $(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 # The table and the settings parser, tested alone: no CUDA, no preload.
 # calloc is wrapped so that a test can make the table's allocations fail.
 VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c
-$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c $(VMM_TABLE) \
+$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c $(VMM_TABLE) \
                           shim/internal.h shim/vmm_table.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c $(VMM_TABLE) -Wl,--wrap=calloc $(TEST_LIBS)
+	    shim/log.c shim/fmt.c $(VMM_TABLE) -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c

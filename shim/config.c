@@ -25,7 +25,6 @@ struct ipcc_config ipcc_config = {
     .max_idle_entries = DEFAULT_MAX_IDLE_ENTRIES,
     .log_level = IPCC_LOG_WARN,
     .stats_signal = SIGUSR1,
-    .stats_dir = "/tmp",
 };
 
 /* ---- value parsers: return 0 on success, -1 on a bad value ------------- */
@@ -92,6 +91,38 @@ int ipcc_parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
+/* Signals the stats handler must never take: the synchronous ones report a
+ * fault in the program (catching them hides a crash), KILL and STOP cannot
+ * be caught at all. */
+static int signal_refused(int sig)
+{
+    static const int refused[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS,
+                                   SIGKILL, SIGSTOP };
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+        if (sig == refused[i])
+            return 1;
+    return sig < 1 || sig >= NSIG;
+}
+
+/* RTMIN, RTMIN+n, RTMAX, RTMAX-n; the offset may not leave the range. */
+static int parse_realtime(const char *s, int *out)
+{
+    int base, dir;
+    if (strncasecmp(s, "RTMIN", 5) == 0)
+        base = SIGRTMIN, dir = 1;
+    else if (strncasecmp(s, "RTMAX", 5) == 0)
+        base = SIGRTMAX, dir = -1;
+    else
+        return -1;
+    s += 5;
+    uint64_t n = 0;
+    if (*s && (*s != (dir > 0 ? '+' : '-') || ipcc_parse_count(s + 1, &n) < 0))
+        return -1;
+    if (n > (uint64_t)(SIGRTMAX - SIGRTMIN))
+        return -1;
+    return *out = base + dir * (int)n, 0;
+}
+
 /* A signal number, or a name with or without "SIG"; 0 means none. */
 int ipcc_parse_signal(const char *s, int *out)
 {
@@ -100,20 +131,23 @@ int ipcc_parse_signal(const char *s, int *out)
         { "WINCH", SIGWINCH }, { "URG", SIGURG },
     };
     uint64_t n;
+    int sig = -1;
     if (ipcc_parse_count(s, &n) == 0) {
-        if (n != 0 && (n >= (uint64_t)NSIG || n == SIGKILL || n == SIGSTOP))
+        if (n == 0)
+            return *out = 0, 0;
+        sig = n < (uint64_t)NSIG ? (int)n : -1;
+    } else {
+        if (strncasecmp(s, "SIG", 3) == 0)
+            s += 3;
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+            if (strcasecmp(s, names[i].name) == 0)
+                sig = names[i].sig;
+        if (sig < 0 && parse_realtime(s, &sig) < 0)
             return -1;
-        return *out = (int)n, 0;
     }
-    if (strncasecmp(s, "SIG", 3) == 0)
-        s += 3;
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strcasecmp(s, names[i].name) == 0)
-            return *out = names[i].sig, 0;
-    if (strncasecmp(s, "RTMIN+", 6) == 0 && ipcc_parse_count(s + 6, &n) == 0 &&
-        SIGRTMIN + (int64_t)n <= SIGRTMAX)
-        return *out = SIGRTMIN + (int)n, 0;
-    return -1;
+    if (signal_refused(sig))
+        return -1;
+    return *out = sig, 0;
 }
 
 int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out)
@@ -133,39 +167,51 @@ static int set_disable(const char *s) { return ipcc_parse_bool(s, &ipcc_config.d
 static int set_idle_bytes(const char *s) { return ipcc_parse_size(s, &ipcc_config.max_idle_bytes); }
 static int set_idle_entries(const char *s) { return ipcc_parse_count(s, &ipcc_config.max_idle_entries); }
 static int set_log(const char *s) { return ipcc_parse_log_level(s, &ipcc_config.log_level); }
-static int set_signal(const char *s) { return ipcc_parse_signal(s, &ipcc_config.stats_signal); }
+/* An explicit setting may take back a signal the program ignores. */
+static int set_signal(const char *s)
+{
+    if (ipcc_parse_signal(s, &ipcc_config.stats_signal) < 0)
+        return -1;
+    ipcc_config.stats_signal_explicit = 1;
+    return 0;
+}
 static int set_at_exit(const char *s) { return ipcc_parse_bool(s, &ipcc_config.stats_at_exit); }
 
-/* Expands %p to the pid and %% to %; anything else after % is an error. */
+/* The stats file for process `pid`: %p becomes the pid, %% a percent sign.
+ * Expanded at each write, not once: a fork child writes to its own file.
+ * Returns 0, or -1 for an unknown escape or a path longer than cap - 1.
+ * Async-signal-safe. */
+int ipcc_config_stats_path(const char *pattern, long pid, char *out, size_t cap)
+{
+    struct ipcc_out o = { out, cap - 1, 0 };
+    for (const char *s = pattern; *s; s++) {
+        char one[2] = { *s, '\0' };
+        if (*s == '%' && s[1] == 'p')
+            ipcc_out_u64(&o, (uint64_t)pid);
+        else if (*s == '%' && s[1] != '%')
+            return -1;
+        else
+            ipcc_out_str(&o, one);
+        s += *s == '%';
+    }
+    return ipcc_out_end(&o);
+}
+
+/* Kept as written; checked by expanding it once for this process. A newline
+ * is refused: the path is written into the marker file one per line. */
 static int set_stats_file(const char *s)
 {
-    char *out = ipcc_config.stats_file;
-    size_t cap = sizeof(ipcc_config.stats_file), n = 0;
-    for (; *s; s++) {
-        char pid[24];
-        const char *piece = s;
-        size_t len = 1;
-        if (*s == '%') {
-            s++;
-            if (*s == 'p')
-                len = (size_t)snprintf(pid, sizeof(pid), "%ld", (long)getpid()), piece = pid;
-            else if (*s != '%')
-                return out[0] = '\0', -1;
-            else
-                piece = s;
-        }
-        if (n + len >= cap)
-            return out[0] = '\0', -1;
-        memcpy(out + n, piece, len);
-        n += len;
-    }
-    out[n] = '\0';
+    char probe[sizeof(ipcc_config.stats_file)];
+    if (strlen(s) >= sizeof(ipcc_config.stats_file) || strchr(s, '\n') ||
+        ipcc_config_stats_path(s, (long)getpid(), probe, sizeof(probe)) < 0)
+        return -1;
+    strcpy(ipcc_config.stats_file, s);
     return 0;
 }
 
 static int set_stats_dir(const char *s)
 {
-    if (s[0] != '/' || strlen(s) >= sizeof(ipcc_config.stats_dir) - 40)
+    if (s[0] != '/' || strchr(s, '\n') || strlen(s) >= sizeof(ipcc_config.stats_dir) - 40)
         return -1;
     strcpy(ipcc_config.stats_dir, s);
     return 0;
@@ -185,15 +231,23 @@ static const struct ipcc_setting settings[] = {
       "Most idle mappings kept; same eviction." },
     { "IPCCACHE_LOG", set_log, "one of error, warn, info, debug", "warn",
       "error, warn, info (adds one start-up line per process that uses IPC), debug." },
-    { "IPCCACHE_STATS_FILE", set_stats_file, "a path (%p expands to the pid)", "",
-      "File the stats lines are appended to; %p becomes the pid, %% a percent sign. Unset: the"
-      " request file of ipccache-stats if it exists, else stderr." },
-    { "IPCCACHE_STATS_DIR", set_stats_dir, "an absolute directory path", "/tmp",
-      "Where ipccache-stats leaves ipccache-<pid>.stats to ask a process without a stats file"
-      " for its line." },
-    { "IPCCACHE_STATS_SIGNAL", set_signal, "a signal name or number, 0 for none", "SIGUSR1",
-      "Signal that makes the process write its stats line: a name (USR2, SIGUSR2, RTMIN+3) or"
-      " number; 0 installs no handler." },
+    { "IPCCACHE_STATS_FILE", set_stats_file,
+      "a path without newlines (%p expands to the pid, %% is a percent sign)", "",
+      "File the stats lines are appended to; %p becomes the pid of the writing process (a fork"
+      " child writes its own file), %% a percent sign. Created 0600; used only if it is a regular"
+      " file of the process's user, never through a symlink. Unset: the request file of"
+      " ipccache-stats if it exists, else stderr." },
+    { "IPCCACHE_STATS_DIR", set_stats_dir, "an absolute directory path", "",
+      "Unset: the per-user folder. Where ipccache-stats leaves ipccache-<pid>.stats to ask a process without a stats file"
+      " for its line. Must be a folder of the process's user that nobody else can write to (else"
+      " one warning, and no request file is used)." },
+    { "IPCCACHE_STATS_SIGNAL", set_signal,
+      "a signal name (USR1, SIGUSR2, RTMIN+n, RTMAX-n) or number, 0 for none; "
+      "not SEGV, BUS, FPE, ILL, TRAP, SYS, KILL or STOP", "SIGUSR1",
+      "Signal that makes the process write its stats line: a name (USR1, SIGUSR2, HUP, WINCH, URG,"
+      " RTMIN, RTMIN+3, RTMAX-2) or number; 0 installs no handler. Refused: synchronous and"
+      " uncatchable signals (SEGV, BUS, FPE, ILL, TRAP, SYS, KILL, STOP), numbers outside 1 to"
+      " NSIG-1, offsets past RTMAX. Set explicitly, it also takes a signal the program ignores." },
     { "IPCCACHE_STATS_AT_EXIT", set_at_exit, "a boolean", "0",
       "Also write a stats line at normal exit." },
     { "IPCCACHE_STRICT", set_strict, "a boolean", "0",

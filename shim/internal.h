@@ -232,6 +232,19 @@ IPCC_HIDDEN void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted);
 IPCC_HIDDEN void ipcc_vmm_evict_over_caps(void);
 IPCC_HIDDEN void ipcc_vmm_give_way_all(void);
 
+/* ---- fmt.c: text without stdio, for signal handlers and fork children -- */
+
+/* Writes at p, at most left bytes; cut is set when something did not fit. */
+struct ipcc_out {
+    char *p;
+    size_t left;
+    int cut;
+};
+#define IPCC_OUT(buf) { (buf), sizeof(buf) - 1, 0 } /* room for the NUL */
+IPCC_HIDDEN void ipcc_out_str(struct ipcc_out *o, const char *s);
+IPCC_HIDDEN void ipcc_out_u64(struct ipcc_out *o, uint64_t v);
+IPCC_HIDDEN int ipcc_out_end(struct ipcc_out *o);
+
 /* ---- config.c ------------------------------------------------------------ */
 
 enum ipcc_log_level { IPCC_LOG_ERROR, IPCC_LOG_WARN, IPCC_LOG_INFO, IPCC_LOG_DEBUG };
@@ -242,10 +255,11 @@ struct ipcc_config {
     uint64_t max_idle_entries;
     enum ipcc_log_level log_level;
     int stats_signal;        /* 0: no handler */
+    int stats_signal_explicit; /* set in the environment: may replace SIG_IGN */
     int stats_at_exit;
     int strict;
-    char stats_file[512];    /* %p already expanded; empty: none */
-    char stats_dir[256];
+    char stats_file[512];    /* as written, %p not expanded; empty: none */
+    char stats_dir[256];     /* empty: the per-user directory (userdir.c) */
 };
 
 IPCC_HIDDEN extern struct ipcc_config ipcc_config;
@@ -256,6 +270,18 @@ IPCC_HIDDEN int ipcc_parse_size(const char *s, uint64_t *out);
 IPCC_HIDDEN int ipcc_parse_count(const char *s, uint64_t *out);
 IPCC_HIDDEN int ipcc_parse_signal(const char *s, int *out);
 IPCC_HIDDEN int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out);
+IPCC_HIDDEN int ipcc_config_stats_path(const char *pattern, long pid, char *out, size_t cap);
+
+/* ---- userdir.c: the per-user directory, and files opened safely -------- */
+
+IPCC_HIDDEN int ipcc_userdir_open(void);
+IPCC_HIDDEN int ipcc_userdir_path(char *out, size_t cap);
+IPCC_HIDDEN int ipcc_dir_open_checked(const char *path);
+IPCC_HIDDEN int ipcc_file_open_checked(int dirfd, const char *name, int flags);
+
+/* ---- marker.c: "this process answers the stats signal" ----------------- */
+
+IPCC_HIDDEN int ipcc_marker_write(int sig, const char *request_dir);
 
 /* One IPCCACHE_* variable: its parser (0 or -1) and its documentation. */
 struct ipcc_setting {

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <time.h>
@@ -45,8 +46,6 @@ uint64_t ipcc_stat_sum(size_t field_offset)
     return total;
 }
 
-static struct sigaction previous_action;
-
 uint64_t ipcc_now_ns(void)
 {
     struct timespec ts;
@@ -69,36 +68,12 @@ void ipcc_stats_reset(void)
     }
 }
 
-/* ---- a tiny signal-safe JSON writer ------------------------------------- */
+/* ---- the JSON line, written with fmt.c's signal-safe writer ------------ */
 
-struct out {
-    char *p;
-    size_t left;
-};
+#define put_str ipcc_out_str
+#define put_u64 ipcc_out_u64
 
-static void put_str(struct out *o, const char *s)
-{
-    size_t n = strlen(s);
-    if (n > o->left)
-        n = o->left;
-    memcpy(o->p, s, n);
-    o->p += n;
-    o->left -= n;
-}
-
-static void put_u64(struct out *o, uint64_t v)
-{
-    char digits[21];
-    int i = (int)sizeof(digits) - 1;
-    digits[i] = '\0';
-    do {
-        digits[--i] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    put_str(o, digits + i);
-}
-
-static void put_field(struct out *o, const char *key, uint64_t v)
+static void put_field(struct ipcc_out *o, const char *key, uint64_t v)
 {
     put_str(o, ",\"");
     put_str(o, key);
@@ -107,7 +82,7 @@ static void put_field(struct out *o, const char *key, uint64_t v)
 }
 
 /* A millisecond count with three decimals, from microseconds. */
-static void put_ms(struct out *o, const char *key, uint64_t us)
+static void put_ms(struct ipcc_out *o, const char *key, uint64_t us)
 {
     put_field(o, key, us / 1000);
     put_str(o, ".");
@@ -121,7 +96,7 @@ static uint64_t mean(uint64_t total, uint64_t samples)
     return samples ? total / samples : 0;
 }
 
-static void put_counters(struct out *o, uint64_t hits)
+static void put_counters(struct ipcc_out *o, uint64_t hits)
 {
     uint64_t misses = IPCC_TOTAL(misses);
     put_field(o, "opens", hits + misses + IPCC_TOTAL(open_passthrough));
@@ -140,7 +115,7 @@ static void put_counters(struct out *o, uint64_t hits)
     put_field(o, "vmm_idle_bytes", v ? load(&v->idle_bytes) : 0);
 }
 
-static void put_gauges(struct out *o)
+static void put_gauges(struct ipcc_out *o)
 {
     struct ipcc_cache *c = ipcc_table();
     const struct ipcc_cache_gauges *g = c ? ipcc_cache_gauges(c) : NULL;
@@ -154,7 +129,7 @@ static void put_gauges(struct out *o)
 }
 
 /* Mean real costs, and what the hits saved at those costs. */
-static void put_costs(struct out *o, uint64_t hits)
+static void put_costs(struct ipcc_out *o, uint64_t hits)
 {
     uint64_t open_ns = mean(IPCC_TOTAL(real_open_ns), IPCC_TOTAL(real_open_samples));
     uint64_t close_ns = mean(IPCC_TOTAL(real_close_ns), IPCC_TOTAL(real_close_samples));
@@ -165,7 +140,7 @@ static void put_costs(struct out *o, uint64_t hits)
     put_field(o, "max_idle_entries", ipcc_config.max_idle_entries);
 }
 
-static void put_top(struct out *o, uint64_t now_ns)
+static void put_top(struct ipcc_out *o, uint64_t now_ns)
 {
     struct ipcc_cache *c = ipcc_table();
     put_str(o, ",\"top\":[");
@@ -194,7 +169,7 @@ static void put_top(struct out *o, uint64_t now_ns)
 /* Formats the whole line, newline included; returns its length. */
 size_t ipcc_stats_format(char *buf, size_t cap)
 {
-    struct out o = { buf, cap - 2 };
+    struct ipcc_out o = { buf, cap - 2, 0 };
     put_str(&o, "{\"schema\":");
     put_u64(&o, STATS_SCHEMA);
     put_field(&o, "pid", (uint64_t)getpid());
@@ -210,28 +185,49 @@ size_t ipcc_stats_format(char *buf, size_t cap)
 
 /* ---- where the line goes ------------------------------------------------ */
 
+/* The directory of the request file: IPCCACHE_STATS_DIR, else the per-user
+ * directory. Found at start; empty if it failed its checks. */
+static char request_dir[sizeof(ipcc_config.stats_dir)];
+
+/* IPCCACHE_STATS_FILE for this pid (a fork child has its own), opened or
+ * created, never through a link, and used only if it is a regular file of
+ * ours. */
+static int open_stats_file(void)
+{
+    char path[sizeof(ipcc_config.stats_file) + 64];
+    if (ipcc_config_stats_path(ipcc_config.stats_file, (long)getpid(), path, sizeof(path)) < 0)
+        return -1;
+    return ipcc_file_open_checked(AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT);
+}
+
 /* The per-process request file that ipccache-stats creates when the process
- * has no stats file: used only if it already exists, and never a symlink. */
+ * has no stats file: used only if it already exists and is a regular file
+ * of ours (a FIFO, a link or another user's file is refused, unopened or
+ * unwritten). */
 static int open_request_file(void)
 {
-    char path[sizeof(ipcc_config.stats_dir) + 48];
-    struct out o = { path, sizeof(path) - 1 };
-    put_str(&o, ipcc_config.stats_dir);
-    put_str(&o, "/ipccache-");
+    char name[48];
+    struct ipcc_out o = IPCC_OUT(name);
+    put_str(&o, "ipccache-");
     put_u64(&o, (uint64_t)getpid());
     put_str(&o, ".stats");
-    *o.p = '\0';
-    return open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    if (!request_dir[0] || ipcc_out_end(&o) < 0)
+        return -1;
+    int dirfd = ipcc_dir_open_checked(request_dir);
+    if (dirfd < 0)
+        return -1;
+    int fd = ipcc_file_open_checked(dirfd, name, O_WRONLY | O_APPEND);
+    close(dirfd);
+    return fd;
 }
 
 static int open_destination(void)
 {
-    if (ipcc_config.stats_file[0])
-        return open(ipcc_config.stats_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    return open_request_file();
+    return ipcc_config.stats_file[0] ? open_stats_file() : open_request_file();
 }
 
-/* Writes one stats line with a single write(2). Async-signal-safe. */
+/* Writes one stats line with a single write(2), to stderr when no file
+ * qualifies. Async-signal-safe. */
 void ipcc_stats_write_line(void)
 {
     char line[LINE_MAX_BYTES];
@@ -243,8 +239,33 @@ void ipcc_stats_write_line(void)
         close(fd);
 }
 
+/* Called at start, outside any handler: settles the request directory (one
+ * warning if IPCCACHE_STATS_DIR fails its checks; userdir.c warns for its
+ * own). */
+static void find_request_dir(void)
+{
+    if (!ipcc_config.stats_dir[0]) {
+        if (ipcc_userdir_path(request_dir, sizeof(request_dir)) < 0)
+            request_dir[0] = '\0';
+        return;
+    }
+    int fd = ipcc_dir_open_checked(ipcc_config.stats_dir);
+    if (fd < 0) {
+        ipcc_log(IPCC_LOG_WARN,
+                 "IPCCACHE_STATS_DIR=%s is not a directory of this user that only it can "
+                 "write to; no request file is used", ipcc_config.stats_dir);
+        return;
+    }
+    close(fd);
+    strcpy(request_dir, ipcc_config.stats_dir);
+}
+
 /* ---- the handler -------------------------------------------------------- */
 
+/* What the program chose for the signal before us. */
+static struct sigaction previous_action;
+
+/* Calls the program's handler exactly as the kernel would have. */
 static void chain_previous(int sig, siginfo_t *info, void *uctx)
 {
     if (previous_action.sa_flags & SA_SIGINFO) {
@@ -264,19 +285,68 @@ static void on_stats_signal(int sig, siginfo_t *info, void *uctx)
     chain_previous(sig, info, uctx);
 }
 
+/* The flags of the program's handler that change how the signal behaves
+ * (restarted calls, alternate stack, blocking, one-shot) carry over to ours,
+ * with its mask: the program sees the signal as it set it up. Over SIG_DFL,
+ * nothing is restarted. */
+#define KEPT_FLAGS (SA_RESTART | SA_ONSTACK | SA_NODEFER | SA_RESETHAND)
+
+static int has_handler(const struct sigaction *sa)
+{
+    return (sa->sa_flags & SA_SIGINFO) ||
+           (sa->sa_handler != SIG_DFL && sa->sa_handler != SIG_IGN);
+}
+
+static int is_ignored(const struct sigaction *sa)
+{
+    return !(sa->sa_flags & SA_SIGINFO) && sa->sa_handler == SIG_IGN;
+}
+
+/* 0 once our handler is in place; -1 if the signal is left as it was. */
+static int install(int sig)
+{
+    struct sigaction now, sa;
+    if (sigaction(sig, NULL, &now) != 0)
+        return -1;
+    if (is_ignored(&now) && !ipcc_config.stats_signal_explicit) {
+        ipcc_log(IPCC_LOG_INFO, "signal %d is ignored by this program; leaving it so "
+                 "(no stats handler; set IPCCACHE_STATS_SIGNAL to take it anyway)", sig);
+        return -1;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_stats_signal;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (has_handler(&now)) {
+        sa.sa_flags |= now.sa_flags & KEPT_FLAGS;
+        sa.sa_mask = now.sa_mask;
+    }
+    if (sigaction(sig, &sa, &previous_action) != 0) {
+        ipcc_log(IPCC_LOG_WARN, "cannot install the stats handler for signal %d", sig);
+        return -1;
+    }
+    return 0;
+}
+
+/* A fork child inherits the handler: it announces itself with its own
+ * marker. Async-signal-safe. */
+static void child_marker(void)
+{
+    ipcc_marker_write(ipcc_config.stats_signal, request_dir);
+}
+
 /* Installed at the first intercepted IPC call, never earlier: a process that
  * does not use IPC keeps its signal dispositions. A handler that was already
- * there is called after ours. */
+ * there is called after ours. The marker tells ipccache-stats that this
+ * process answers the signal. */
 void ipcc_stats_install_handler(void)
 {
     int sig = ipcc_config.stats_signal;
-    if (sig == 0)
+    if (sig == 0 && !ipcc_config.stats_at_exit)
         return;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_sigaction = on_stats_signal;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(sig, &sa, &previous_action) != 0)
-        ipcc_log(IPCC_LOG_WARN, "cannot install the stats handler for signal %d", sig);
+    find_request_dir();
+    if (sig == 0 || install(sig) != 0)
+        return;
+    ipcc_marker_write(sig, request_dir);
+    pthread_atfork(NULL, NULL, child_marker);
 }

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -360,15 +361,22 @@ static int scenario_hold(int argc, char **argv)
     return bad;
 }
 
-/* Opens and closes a few times, then raises the stats signal at itself. */
-static int scenario_signal(int argc, char **argv)
+/* Three opens and closes of one handle, so that the library has started
+ * (settings read, stats handler installed); 1 if they went wrong. */
+static int start_cache(void)
 {
-    int sig = (int)count_arg(argc, argv, 2, SIGUSR1);
     load_driver();
     use_primary_context();
     CUipcMemHandle h = foreign_handle(1);
     struct loop_result r = open_close(&h, 3);
-    int bad = put_loop(&r);
+    return put_loop(&r);
+}
+
+/* Opens and closes a few times, then raises the stats signal at itself. */
+static int scenario_signal(int argc, char **argv)
+{
+    int sig = (int)count_arg(argc, argv, 2, SIGUSR1);
+    int bad = start_cache();
     put_dispositions();
     fflush(stdout);
     raise(sig); /* delivered, and handled, before raise returns */
@@ -389,6 +397,212 @@ static int scenario_signal_request(int argc, char **argv)
     close(fd);
     printf("request_file=%s\n", path);
     return scenario_signal(argc, argv);
+}
+
+/* ---- the stats signal's manners ----------------------------------------- */
+
+static volatile sig_atomic_t app_handler_calls;
+
+static void app_handler(int sig)
+{
+    (void)sig;
+    app_handler_calls++;
+}
+
+static struct {
+    pthread_t reader;
+    atomic_int done;
+    int pipe[2];
+} interrupt;
+
+/* Signals the reading thread until its read() returns; if it never does
+ * (the call is restarted every time), ends it with a byte after 200
+ * signals, a millisecond or more apart. */
+static void *interrupter(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 200 && !atomic_load(&interrupt.done); i++) {
+        pthread_kill(interrupt.reader, SIGUSR1);
+        usleep(1000);
+    }
+    if (!atomic_load(&interrupt.done) && write(interrupt.pipe[1], "x", 1) != 1)
+        die(EXIT_SETUP, "write to pipe: %s", strerror(errno));
+    return NULL;
+}
+
+/* 1 if a read() with nothing to read was cut short by SIGUSR1 (EINTR). */
+static int read_interrupted(void)
+{
+    char c;
+    pthread_t t;
+    if (pipe(interrupt.pipe) != 0)
+        die(EXIT_SETUP, "pipe: %s", strerror(errno));
+    interrupt.reader = pthread_self();
+    if (pthread_create(&t, NULL, interrupter, NULL) != 0)
+        die(EXIT_SETUP, "pthread_create failed");
+    ssize_t r = read(interrupt.pipe[0], &c, 1);
+    int eintr = r < 0 && errno == EINTR;
+    atomic_store(&interrupt.done, 1);
+    pthread_join(t, NULL);
+    return eintr;
+}
+
+/* The program's own SIGUSR1 handler, set up before any IPC: on an
+ * alternate stack, SIGUSR2 blocked while it runs, SA_RESTART as asked. */
+static void install_app_handler(int restart)
+{
+    static char altstack[64 * 1024];
+    stack_t ss = { .ss_sp = altstack, .ss_size = sizeof(altstack) };
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = app_handler;
+    sa.sa_flags = SA_ONSTACK | (restart ? SA_RESTART : 0);
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGUSR2);
+    if (sigaltstack(&ss, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0)
+        die(EXIT_SETUP, "cannot install the program's handler: %s", strerror(errno));
+}
+
+/* "app": the program has a SIGUSR1 handler of its own (without
+ * SA_RESTART); "app_restart": the same with SA_RESTART; "default": it has
+ * none. After the first IPC call, prints how SIGUSR1 is set up now and
+ * whether it still interrupts a read(). */
+static int scenario_signal_manners(int argc, char **argv)
+{
+    const char *kind = argc > 2 ? argv[2] : "app";
+    if (strcmp(kind, "default") != 0)
+        install_app_handler(strcmp(kind, "app_restart") == 0);
+    int bad = start_cache();
+    struct sigaction now;
+    sigaction(SIGUSR1, NULL, &now);
+    put("hooked", is_hooked((now.sa_flags & SA_SIGINFO) ? (void *)now.sa_sigaction
+                                                        : (void *)now.sa_handler));
+    put("restart", !!(now.sa_flags & SA_RESTART));
+    put("onstack", !!(now.sa_flags & SA_ONSTACK));
+    put("mask_usr2", sigismember(&now.sa_mask, SIGUSR2));
+    put("read_eintr", read_interrupted());
+    put("app_handler_called", app_handler_calls > 0);
+    return bad;
+}
+
+/* The program ignores SIGUSR1 (as under nohup-style launchers); after the
+ * first IPC call it raises it and lives on to say so. */
+static int scenario_signal_ignored(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    signal(SIGUSR1, SIG_IGN);
+    int bad = start_cache();
+    put_dispositions();
+    fflush(stdout);
+    raise(SIGUSR1);
+    put("survived", 1);
+    return bad;
+}
+
+/* 1 if <XDG_RUNTIME_DIR>/ipccache/ipccache-<pid>.marker exists. */
+static int marker_exists(pid_t pid)
+{
+    char path[1024];
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    snprintf(path, sizeof(path), "%s/ipccache/ipccache-%ld.marker", xdg ? xdg : "", (long)pid);
+    return access(path, F_OK) == 0;
+}
+
+static int wait_child(pid_t pid);
+
+/* After IPC, forks; the child raises the stats signal (its line must go to
+ * its own %p file) and reports whether it has its own marker. */
+static int scenario_fork_stats(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    int bad = start_cache();
+    put("parent_marker", marker_exists(getpid()));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die(EXIT_SETUP, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        raise(SIGUSR1);
+        put("child_marker", marker_exists(getpid()));
+        fflush(stdout);
+        exit(0); /* exit handlers run: the child's marker goes */
+    }
+    put("child_pid", pid);
+    bad |= wait_child(pid);
+    put("child_marker_after_exit", marker_exists(pid));
+    return bad;
+}
+
+/* Field 22 of /proc/self/stat, the start time, as a string in buf. */
+static const char *self_start(char *buf, size_t cap)
+{
+    char stat[1024] = "";
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f || !fgets(stat, sizeof(stat), f))
+        die(EXIT_SETUP, "cannot read /proc/self/stat");
+    fclose(f);
+    char *p = strrchr(stat, ')');
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    snprintf(buf, cap, "%.*s", p ? (int)strcspn(p + 1, " ") : 0, p ? p + 1 : "");
+    return buf;
+}
+
+/* After IPC, prints this process's marker, each line prefixed "marker_"
+ * (the first, "ipccache-marker 1", as marker_header=), and its start time. */
+static int scenario_marker(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    int bad = start_cache();
+    char path[1024], line[1200], start[32];
+    snprintf(path, sizeof(path), "%s/ipccache/ipccache-%ld.marker", getenv("XDG_RUNTIME_DIR"),
+             (long)getpid());
+    FILE *f = fopen(path, "r");
+    if (!f)
+        die(EXIT_CHECK, "no marker %s: %s", path, strerror(errno));
+    for (int i = 0; fgets(line, sizeof(line), f); i++)
+        printf(i ? "marker_%s" : "marker_header=%s", line);
+    fclose(f);
+    printf("start=%s\n", self_start(start, sizeof(start)));
+    Dl_info lib; /* drv.ipc_open is the library's wrapper */
+    put("library_base",
+        dladdr((void *)drv.ipc_open, &lib) ? (long long)(uintptr_t)lib.dli_fbase : 0);
+    return bad;
+}
+
+/* Another user's trap where the request file goes (IPCCACHE_STATS_DIR):
+ * "fifo" (with a reader, so that opening it would not block), "symlink" (to
+ * a file of ours) or "other" (a file of uid 65534 anyone may write). Then
+ * the stats signal; prints how many bytes reached the trap. */
+static int scenario_signal_planted(int argc, char **argv)
+{
+    const char *kind = argc > 2 ? argv[2] : "fifo";
+    const char *dir = getenv("IPCCACHE_STATS_DIR");
+    char path[1024], victim[1100];
+    snprintf(path, sizeof(path), "%s/ipccache-%ld.stats", dir ? dir : "/nonexistent",
+             (long)getpid());
+    snprintf(victim, sizeof(victim), "%s.victim", path);
+    int fd = -1;
+    if (strcmp(kind, "fifo") == 0) {
+        if (mkfifo(path, 0666) != 0 || (fd = open(path, O_RDONLY | O_NONBLOCK)) < 0)
+            die(EXIT_SETUP, "fifo %s: %s", path, strerror(errno));
+    } else if (strcmp(kind, "symlink") == 0) {
+        fd = open(victim, O_RDONLY | O_CREAT | O_EXCL, 0600);
+        if (fd < 0 || symlink(victim, path) != 0)
+            die(EXIT_SETUP, "symlink %s: %s", path, strerror(errno));
+    } else if (strcmp(kind, "other") == 0) {
+        if ((fd = open(path, O_RDONLY | O_CREAT | O_EXCL, 0666)) < 0 || fchmod(fd, 0666) != 0 ||
+            fchown(fd, 65534, 65534) != 0)
+            die(EXIT_SETUP, "file of uid 65534 %s: %s", path, strerror(errno));
+    } else {
+        die(EXIT_SETUP, "unknown trap \"%s\"", kind);
+    }
+    int bad = scenario_signal(2, argv); /* SIGUSR1 */
+    char buf[8192];
+    ssize_t n = strcmp(kind, "fifo") == 0 ? read(fd, buf, sizeof(buf)) : lseek(fd, 0, SEEK_END);
+    put("planted_bytes", n > 0 ? n : 0);
+    close(fd);
+    return bad;
 }
 
 /* Open+close, then a normal exit: with FAKECUDA_DEINIT_AT_EXIT=1 the driver
@@ -803,6 +1017,11 @@ static const struct {
     { "hold", scenario_hold, "[N=10] [SECONDS=10]" },
     { "signal", scenario_signal, "[SIGNO=SIGUSR1]" },
     { "signal_request", scenario_signal_request, "[SIGNO=SIGUSR1]" },
+    { "signal_manners", scenario_signal_manners, "[app|app_restart|default]" },
+    { "signal_ignored", scenario_signal_ignored, "" },
+    { "signal_planted", scenario_signal_planted, "fifo|symlink|other" },
+    { "fork_stats", scenario_fork_stats, "" },
+    { "marker", scenario_marker, "" },
     { "exitdeinit", scenario_exitdeinit, "[now]" },
     { "exitsignal", scenario_exitsignal, "" },
     { "dlclose", scenario_dlclose, "" },

@@ -34,10 +34,19 @@ if [[ $build == *sanitize* ]]; then
     export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 fi
 
+# The run's own folder for temporary files (TMPDIR, which other users may
+# cross: a tool test runs a process as another user) and for the library's
+# per-user folder (XDG_RUNTIME_DIR, 0700): the run leaves nothing in /tmp and
+# sees no other run's processes or files.
+private=$(mktemp -d "${TMPDIR:-/tmp}/ipccache-tests.XXXXXX") || exit 2
+trap 'rm -rf "$private"' EXIT
+chmod 711 "$private"
+mkdir -m 700 "$private/run"
+export TMPDIR=$private XDG_RUNTIME_DIR=$private/run
+
 passed=0 failed=0 skipped=0 status=0
-log=$(mktemp "${TMPDIR:-/tmp}/ipccache-run.XXXXXX") || exit 2
-all=$(mktemp "${TMPDIR:-/tmp}/ipccache-all.XXXXXX") || exit 2
-trap 'rm -f "$log" "$all"' EXIT
+log=$private/log
+all=$private/all
 
 # Adds the counts found by the extended regex $2 (groups: passed, failed,
 # and optionally a third that holds skipped) in the last matching line of

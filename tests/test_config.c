@@ -3,6 +3,7 @@
  * and refuses the rest; a bad value keeps the default.
  */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +76,80 @@ Test(config, signals, .timeout = 10)
     cr_assert_eq(ipcc_parse_signal("999", &v), -1);
 }
 
+/* Real-time signals by name: RTMIN, RTMIN+n, RTMAX, RTMAX-n, inside the range only. */
+Test(config, realtime_signal_names, .timeout = 10)
+{
+    int v = -1;
+    cr_assert_eq(ipcc_parse_signal("SIGRTMIN", &v), 0);
+    cr_assert_eq(v, SIGRTMIN);
+    cr_assert_eq(ipcc_parse_signal("rtmax", &v), 0);
+    cr_assert_eq(v, SIGRTMAX);
+    cr_assert_eq(ipcc_parse_signal("RTMAX-3", &v), 0);
+    cr_assert_eq(v, SIGRTMAX - 3);
+    char last[32];
+    snprintf(last, sizeof(last), "RTMIN+%d", SIGRTMAX - SIGRTMIN);
+    cr_assert_eq(ipcc_parse_signal(last, &v), 0);
+    cr_assert_eq(v, SIGRTMAX);
+    snprintf(last, sizeof(last), "RTMIN+%d", SIGRTMAX - SIGRTMIN + 1);
+    cr_assert_eq(ipcc_parse_signal(last, &v), -1, "past RTMAX");
+    snprintf(last, sizeof(last), "RTMAX-%d", SIGRTMAX - SIGRTMIN + 1);
+    cr_assert_eq(ipcc_parse_signal(last, &v), -1, "below RTMIN");
+    cr_assert_eq(ipcc_parse_signal("RTMIN-1", &v), -1);
+    cr_assert_eq(ipcc_parse_signal("RTMAX+1", &v), -1);
+    cr_assert_eq(ipcc_parse_signal("RTMIN+", &v), -1);
+}
+
+/* RTMIN+<huge> must not wrap around onto a low signal such as SIGSEGV. */
+Test(config, realtime_offset_overflow_is_refused, .timeout = 10)
+{
+    int v = -1;
+    char huge[64];
+    /* SIGRTMIN + this wraps to SIGSEGV in 32-bit int arithmetic. */
+    snprintf(huge, sizeof(huge), "RTMIN+%llu", (1ULL << 32) - (unsigned long long)SIGRTMIN + SIGSEGV);
+    cr_assert_eq(ipcc_parse_signal(huge, &v), -1, "%s gave %d", huge, v);
+    cr_assert_eq(ipcc_parse_signal("RTMIN+18446744073709551615", &v), -1);
+    cr_assert_eq(ipcc_parse_signal("RTMIN+99999999999999999999999", &v), -1);
+    cr_assert_eq(v, -1, "nothing written on refusal");
+}
+
+/* Synchronous and uncatchable signals are refused by number and by name; out of [1, NSIG) too. */
+Test(config, synchronous_and_uncatchable_signals_are_refused, .timeout = 10)
+{
+    static const struct { const char *name; int sig; } refused[] = {
+        { "SEGV", SIGSEGV }, { "BUS", SIGBUS }, { "FPE", SIGFPE }, { "ILL", SIGILL },
+        { "TRAP", SIGTRAP }, { "SYS", SIGSYS }, { "KILL", SIGKILL }, { "STOP", SIGSTOP },
+    };
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        char text[32];
+        int v = -1;
+        snprintf(text, sizeof(text), "%d", refused[i].sig);
+        cr_expect_eq(ipcc_parse_signal(text, &v), -1, "%s accepted", text);
+        snprintf(text, sizeof(text), "SIG%s", refused[i].name);
+        cr_expect_eq(ipcc_parse_signal(text, &v), -1, "%s accepted", text);
+    }
+    char text[32];
+    int v = -1;
+    snprintf(text, sizeof(text), "%d", NSIG);
+    cr_assert_eq(ipcc_parse_signal(text, &v), -1, "NSIG accepted");
+    snprintf(text, sizeof(text), "%d", NSIG - 1);
+    cr_assert_eq(ipcc_parse_signal(text, &v), 0, "NSIG - 1 refused");
+    cr_assert_eq(ipcc_parse_signal("-1", &v), -1);
+}
+
+/* An explicit IPCCACHE_STATS_SIGNAL is remembered as such (it may take an ignored signal); a bad one is not. */
+Test(config, explicit_signal_is_remembered, .timeout = 10)
+{
+    setenv("IPCCACHE_LOG", "error", 1);
+    setenv("IPCCACHE_STATS_SIGNAL", "SIGSEGV", 1);
+    ipcc_config_load();
+    cr_assert_eq(ipcc_config.stats_signal, SIGUSR1);
+    cr_assert_eq(ipcc_config.stats_signal_explicit, 0);
+    setenv("IPCCACHE_STATS_SIGNAL", "USR2", 1);
+    ipcc_config_load();
+    cr_assert_eq(ipcc_config.stats_signal, SIGUSR2);
+    cr_assert_eq(ipcc_config.stats_signal_explicit, 1);
+}
+
 /* Log levels by name. */
 Test(config, log_levels, .timeout = 10)
 {
@@ -97,23 +172,41 @@ Test(config, bad_value_keeps_default, .timeout = 10)
     cr_assert_eq(ipcc_config.max_idle_entries, 3);
 }
 
-/* %p in the stats file becomes the pid; %% a percent sign; others are bad. */
+/* The stats file is kept as written; %p becomes the pid given at each
+ * expansion (a fork child's own), %% a percent sign. */
 Test(config, stats_file_expansion, .timeout = 10)
 {
-    char want[64];
+    char got[64];
     setenv("IPCCACHE_STATS_FILE", "/tmp/s.%p.%%", 1);
     ipcc_config_load();
-    snprintf(want, sizeof(want), "/tmp/s.%ld.%%", (long)getpid());
-    cr_assert_str_eq(ipcc_config.stats_file, want);
+    cr_assert_str_eq(ipcc_config.stats_file, "/tmp/s.%p.%%");
+    cr_assert_eq(ipcc_config_stats_path(ipcc_config.stats_file, 4242, got, sizeof(got)), 0);
+    cr_assert_str_eq(got, "/tmp/s.4242.%");
+    cr_assert_eq(ipcc_config_stats_path(ipcc_config.stats_file, 7, got, sizeof(got)), 0);
+    cr_assert_str_eq(got, "/tmp/s.7.%");
 }
 
-/* A stats file with an unknown % escape is refused. */
+/* An expansion that does not fit is refused, not cut. */
+Test(config, stats_file_expansion_never_truncates, .timeout = 10)
+{
+    char got[10];
+    cr_assert_eq(ipcc_config_stats_path("/t/%p", 1234567, got, sizeof(got)), -1);
+    cr_assert_eq(ipcc_config_stats_path("/t/%p", 123456, got, sizeof(got)), 0);
+    cr_assert_str_eq(got, "/t/123456");
+    cr_assert_eq(ipcc_config_stats_path("/abcdefgh", 1, got, sizeof(got)), 0);
+    cr_assert_eq(ipcc_config_stats_path("/abcdefghi", 1, got, sizeof(got)), -1);
+}
+
+/* A stats file with an unknown % escape, a trailing %, or a newline is refused. */
 Test(config, stats_file_bad_escape, .timeout = 10)
 {
-    setenv("IPCCACHE_STATS_FILE", "/tmp/x%q", 1);
+    static const char *const bad[] = { "/tmp/x%q", "/tmp/x%", "/tmp/a\nb" };
     setenv("IPCCACHE_LOG", "error", 1);
-    ipcc_config_load();
-    cr_assert_str_eq(ipcc_config.stats_file, "");
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        setenv("IPCCACHE_STATS_FILE", bad[i], 1);
+        ipcc_config_load();
+        cr_assert_str_eq(ipcc_config.stats_file, "", "%s accepted", bad[i]);
+    }
 }
 
 /* IPCCACHE_STRICT turns a bad value into one error line and exit status 78. */

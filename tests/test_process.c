@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,7 +35,7 @@
 /* ---- where things are ---------------------------------------------------- */
 
 static char build_dir[PATH_MAX];
-static char tmpdir[64];
+static char tmpdir[256];
 
 static void find_build_dir(void)
 {
@@ -46,14 +47,16 @@ static void find_build_dir(void)
 static void make_tmpdir(void)
 {
     find_build_dir();
-    strcpy(tmpdir, "/tmp/ipcc-process-XXXXXX");
+    const char *base = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof(tmpdir), "%s/ipcc-process-XXXXXX",
+             base && *base == '/' ? base : "/tmp");
     cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp: %s", strerror(errno));
 }
 
-/* The test's files only: no subfolders are ever made there. */
-static void remove_tmpdir(void)
+/* The files of one folder, then the folder. */
+static void remove_dir(const char *path)
 {
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(path);
     if (!d)
         return;
     struct dirent *e;
@@ -61,7 +64,17 @@ static void remove_tmpdir(void)
         if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
             unlinkat(dirfd(d), e->d_name, 0);
     closedir(d);
-    rmdir(tmpdir);
+    rmdir(path);
+}
+
+/* The test's files, and the per-user folder the library made there (the
+ * probe's XDG_RUNTIME_DIR is tmpdir): no other subfolders are made. */
+static void remove_tmpdir(void)
+{
+    char userdir[sizeof(tmpdir) + 16];
+    snprintf(userdir, sizeof(userdir), "%s/ipccache", tmpdir);
+    remove_dir(userdir);
+    remove_dir(tmpdir);
 }
 
 TestSuite(process, .init = make_tmpdir, .fini = remove_tmpdir);
@@ -125,6 +138,7 @@ static void build_env(char **env, const char *const *extra)
     env[0] = NULL;
     env_put(env, &n, format("PATH=/usr/bin:/bin"));
     env_put(env, &n, format("LD_LIBRARY_PATH=%s/tests", build_dir));
+    env_put(env, &n, format("XDG_RUNTIME_DIR=%s", tmpdir)); /* the per-user folder: private */
     env_put(env, &n, format("LD_PRELOAD=%s%s%s/libipccache.so", prefix && *prefix ? prefix : "",
                             prefix && *prefix ? ":" : "", build_dir));
     for (size_t i = 0; i < sizeof(passed_on) / sizeof(passed_on[0]); i++)
@@ -413,6 +427,9 @@ Test(process, cuda_without_ipc_leaves_no_trace, .timeout = 20)
     expect_quiet_success(&p);
     expect_kv_str(&p, "sigusr1", "default");
     expect_kv_str(&p, "sigusr2", "default");
+    char userdir[PATH_MAX];
+    cr_assert_neq(access(tmp_path(userdir, sizeof(userdir), "ipccache"), F_OK), 0,
+                  "%s was created", userdir);
 }
 
 Test(process, cudart_lookups_get_the_hooks, .timeout = 20)
@@ -875,4 +892,232 @@ Test(process, stats_go_to_stderr_without_a_file, .timeout = 20)
     cr_assert(eq(ullong, json_u64(p.err, "opens"), 3));
     snprintf(path, sizeof(path), "%s/ipccache-%lld.stats", tmpdir, kv(&p, "pid"));
     cr_assert_neq(access(path, F_OK), 0, "%s was created", path);
+}
+
+/* ---- the stats signal keeps the program's settings ----------------------- */
+
+/* IPCCACHE_STATS_FILE=<tmpdir>/name, in a buffer of the caller's. */
+static const char *stats_file_env(char *buf, size_t cap, const char *name)
+{
+    char path[PATH_MAX];
+    snprintf(buf, cap, "IPCCACHE_STATS_FILE=%s", tmp_path(path, sizeof(path), name));
+    return buf;
+}
+
+Test(process, stats_handler_keeps_the_programs_flags_and_mask, .timeout = 20)
+{
+    /* Over the program's own handler (no SA_RESTART, SA_ONSTACK, SIGUSR2 masked), ours keeps all three and chains. */
+    char env[PATH_MAX + 32];
+    struct proc p;
+    probe(&p, ENV(stats_file_env(env, sizeof(env), "s.%p")), "signal_manners", "app");
+    expect_quiet_success(&p);
+    expect_kv(&p, "hooked", 1);
+    expect_kv(&p, "restart", 0);
+    expect_kv(&p, "onstack", 1);
+    expect_kv(&p, "mask_usr2", 1);
+    expect_kv(&p, "app_handler_called", 1);
+}
+
+Test(process, stats_handler_keeps_sa_restart_when_the_program_chose_it, .timeout = 20)
+{
+    /* Over the program's handler with SA_RESTART, ours restarts calls too: a read() is not cut short. */
+    char env[PATH_MAX + 32];
+    struct proc p;
+    probe(&p, ENV(stats_file_env(env, sizeof(env), "s.%p")), "signal_manners", "app_restart");
+    expect_quiet_success(&p);
+    expect_kv(&p, "restart", 1);
+    expect_kv(&p, "read_eintr", 0);
+    expect_kv(&p, "app_handler_called", 1);
+}
+
+Test(process, stats_signal_still_interrupts_a_read, .timeout = 20)
+{
+    /* A read() the program expects SIGUSR1 to interrupt still returns EINTR, with or without a handler of its own. */
+    char env[PATH_MAX + 32];
+    const char *const kinds[] = { "app", "default" };
+    for (int i = 0; i < 2; i++) {
+        struct proc p;
+        probe(&p, ENV(stats_file_env(env, sizeof(env), "s.%p")), "signal_manners", kinds[i]);
+        cr_assert(eq(int, exit_code(&p), 0), "%s: stderr:\n%s", kinds[i], p.err);
+        expect_kv_with(&p, kinds[i], "restart", 0);
+        expect_kv_with(&p, kinds[i], "read_eintr", 1);
+    }
+}
+
+Test(process, ignored_stats_signal_stays_ignored, .timeout = 20)
+{
+    /* A signal the program ignores stays ignored, and raising it does not kill the process. */
+    struct proc p;
+    probe(&p, NO_ENV, "signal_ignored");
+    expect_quiet_success(&p);
+    expect_kv_str(&p, "sigusr1", "ignore");
+    expect_kv(&p, "survived", 1);
+    char userdir[PATH_MAX], marker[PATH_MAX + 64];
+    snprintf(marker, sizeof(marker), "%s/ipccache-%lld.marker",
+             tmp_path(userdir, sizeof(userdir), "ipccache"), kv(&p, "pid"));
+    cr_assert_neq(access(marker, F_OK), 0, "a marker without a handler: %s", marker);
+}
+
+Test(process, explicit_stats_signal_takes_an_ignored_one, .timeout = 20)
+{
+    /* IPCCACHE_STATS_SIGNAL set explicitly installs the handler even over SIG_IGN. */
+    char env[PATH_MAX + 32], path[PATH_MAX + 32];
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STATS_SIGNAL=USR1", stats_file_env(env, sizeof(env), "s.%p")),
+          "signal_ignored");
+    expect_quiet_success(&p);
+    expect_kv_str(&p, "sigusr1", "handler");
+    snprintf(path, sizeof(path), "%s/s.%lld", tmpdir, kv(&p, "pid"));
+    expect_stats_file(path, 3);
+}
+
+/* ---- fork, the marker ---------------------------------------------------- */
+
+Test(process, fork_child_stats_go_to_its_own_file, .timeout = 20)
+{
+    /* A fork child's stats line goes to the %p file of the child, not the parent's; it has its own marker. */
+    char env[PATH_MAX + 32], path[PATH_MAX + 32], line[8192];
+    struct proc p;
+    probe(&p, ENV(stats_file_env(env, sizeof(env), "s.%p")), "fork_stats");
+    expect_quiet_success(&p);
+    snprintf(path, sizeof(path), "%s/s.%lld", tmpdir, kv(&p, "child_pid"));
+    cr_assert_geq(read_file(path, line, sizeof(line)), 0, "no stats file %s", path);
+    cr_assert(eq(int, count_lines(line), 1), "%s holds:\n%s", path, line);
+    cr_assert(eq(ullong, json_u64(line, "pid"), (unsigned long long)kv(&p, "child_pid")));
+    snprintf(path, sizeof(path), "%s/s.%lld", tmpdir, kv(&p, "pid"));
+    cr_assert_neq(access(path, F_OK), 0, "the parent's file %s was written", path);
+    expect_kv(&p, "parent_marker", 1);
+    expect_kv(&p, "child_marker", 1);
+    expect_kv(&p, "child_marker_after_exit", 0);
+}
+
+Test(process, marker_says_pid_start_signal_and_destination, .timeout = 20)
+{
+    /* The marker holds the pid, its start time, the signal, the library's base, the expanded stats file and the request folder; it goes at exit. */
+    char env[PATH_MAX + 32], want[PATH_MAX + 32], buf[PATH_MAX + 32];
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STATS_SIGNAL=USR2", stats_file_env(env, sizeof(env), "s.%p")),
+          "marker");
+    expect_quiet_success(&p);
+    expect_kv_str(&p, "marker_header", "ipccache-marker 1");
+    expect_kv(&p, "marker_pid", kv(&p, "pid"));
+    expect_kv(&p, "marker_start", kv(&p, "start"));
+    cr_assert_gt(kv(&p, "start"), 0);
+    expect_kv(&p, "marker_signal", SIGUSR2);
+    cr_assert_neq(kv(&p, "library_base"), 0);
+    expect_kv(&p, "marker_base", kv(&p, "library_base"));
+    snprintf(want, sizeof(want), "%s/s.%lld", tmpdir, kv(&p, "pid"));
+    cr_assert(eq(str, STR(kv_str(&p, "marker_stats_file", buf, sizeof(buf))), want));
+    snprintf(want, sizeof(want), "%s/ipccache", tmpdir);
+    cr_assert(eq(str, STR(kv_str(&p, "marker_request_dir", buf, sizeof(buf))), want));
+    snprintf(want, sizeof(want), "%s/ipccache/ipccache-%lld.marker", tmpdir, kv(&p, "pid"));
+    cr_assert_neq(access(want, F_OK), 0, "%s left after exit", want);
+}
+
+/* ---- nothing another user plants is written to or blocks ----------------- */
+
+/* The probe ran "signal" (3 opens) with its line refused by every file:
+ * it finished, and the line went to stderr. */
+static void expect_line_on_stderr(const struct proc *p)
+{
+    cr_assert(eq(int, exit_code(p), 0), "stdout:\n%s\nstderr:\n%s", p->out, p->err);
+    const char *line = strstr(p->err, "{\"schema\":");
+    cr_assert_not_null(line, "no stats line on stderr:\n%s", p->err);
+    cr_assert(eq(ullong, json_u64(line, "opens"), 3));
+}
+
+Test(process, request_file_traps_are_refused, .timeout = 60)
+{
+    /* A FIFO, a symlink or another user's file in place of the request file: nothing blocks, nothing is written. */
+    char env[PATH_MAX + 32];
+    const char *const kinds[] = { "fifo", "symlink", "other" };
+    snprintf(env, sizeof(env), "IPCCACHE_STATS_DIR=%s", tmpdir);
+    for (int i = 0; i < 3; i++) {
+        struct proc p;
+        probe(&p, ENV(env), "signal_planted", kinds[i]);
+        expect_line_on_stderr(&p);
+        expect_kv_with(&p, kinds[i], "planted_bytes", 0);
+    }
+}
+
+/* Size of a file; -1 if absent. */
+static long long file_size(const char *path)
+{
+    char buf[8192];
+    return read_file(path, buf, sizeof(buf));
+}
+
+Test(process, stats_file_traps_are_refused, .timeout = 60)
+{
+    /* IPCCACHE_STATS_FILE as a symlink, another user's file or a FIFO with a reader: nothing is written. */
+    char env[PATH_MAX + 32], trap[PATH_MAX], victim[PATH_MAX];
+    tmp_path(victim, sizeof(victim), "victim");
+    close(open(victim, O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+    cr_assert_eq(symlink(victim, tmp_path(trap, sizeof(trap), "link")), 0);
+    struct proc p;
+    probe(&p, ENV(stats_file_env(env, sizeof(env), "link")), "signal");
+    expect_line_on_stderr(&p);
+    cr_assert(eq(llong, file_size(victim), 0), "written through the symlink");
+
+    int fd = open(tmp_path(trap, sizeof(trap), "other"), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+    cr_assert(fd >= 0 && fchmod(fd, 0666) == 0 && fchown(fd, 65534, 65534) == 0);
+    close(fd);
+    probe(&p, ENV(stats_file_env(env, sizeof(env), "other")), "signal");
+    expect_line_on_stderr(&p);
+    cr_assert(eq(llong, file_size(trap), 0), "written to another user's file");
+
+    cr_assert_eq(mkfifo(tmp_path(trap, sizeof(trap), "fifo"), 0666), 0);
+    fd = open(trap, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    probe(&p, ENV(stats_file_env(env, sizeof(env), "fifo")), "signal");
+    expect_line_on_stderr(&p);
+    char buf[64];
+    cr_assert(eq(int, (int)read(fd, buf, sizeof(buf)), 0), "written to the FIFO");
+    close(fd);
+}
+
+Test(process, fifo_without_reader_does_not_block, .timeout = 20)
+{
+    /* IPCCACHE_STATS_FILE a FIFO nobody reads: the signal and exit do not block. */
+    char env[PATH_MAX + 32], fifo[PATH_MAX];
+    cr_assert_eq(mkfifo(tmp_path(fifo, sizeof(fifo), "fifo"), 0600), 0);
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STATS_AT_EXIT=1", stats_file_env(env, sizeof(env), "fifo")), "signal");
+    expect_line_on_stderr(&p);
+}
+
+Test(process, stats_dir_writable_by_others_is_refused, .timeout = 20)
+{
+    /* IPCCACHE_STATS_DIR mode 0777: one warning, and the request file in it gets nothing. */
+    char dir[PATH_MAX], env[PATH_MAX + 32], path[PATH_MAX + 64];
+    cr_assert_eq(mkdir(tmp_path(dir, sizeof(dir), "open"), 0700), 0);
+    cr_assert_eq(chmod(dir, 0777), 0);
+    snprintf(env, sizeof(env), "IPCCACHE_STATS_DIR=%s", dir);
+    struct proc p;
+    probe(&p, ENV(env), "signal_request");
+    expect_line_on_stderr(&p);
+    cr_assert_not_null(strstr(p.err, "ipccache: warning: IPCCACHE_STATS_DIR="), "%s", p.err);
+    snprintf(path, sizeof(path), "%s/ipccache-%lld.stats", dir, kv(&p, "pid"));
+    cr_assert(eq(llong, file_size(path), 0), "written in a folder others can write to");
+    unlink(path);
+    rmdir(dir);
+}
+
+Test(process, userdir_of_another_owner_or_open_to_all_is_refused, .timeout = 20)
+{
+    /* A per-user folder planted by another user, or open to all (0777): one warning, no marker, line on stderr. */
+    char dir[PATH_MAX], marker[PATH_MAX + 64];
+    tmp_path(dir, sizeof(dir), "ipccache");
+    for (int open_to_all = 0; open_to_all < 2; open_to_all++) {
+        cr_assert_eq(mkdir(dir, 0700), 0);
+        cr_assert_eq(open_to_all ? chmod(dir, 0777) : chown(dir, 65534, 65534), 0);
+        struct proc p;
+        probe(&p, NO_ENV, "signal");
+        expect_line_on_stderr(&p);
+        cr_assert_not_null(strstr(p.err, "ipccache: warning: "), "%s", p.err);
+        snprintf(marker, sizeof(marker), "%s/ipccache-%lld.marker", dir, kv(&p, "pid"));
+        cr_assert_neq(access(marker, F_OK), 0, "marker written in %s",
+                      open_to_all ? "an open folder" : "another user's folder");
+        cr_assert_eq(rmdir(dir), 0, "%s: %s", dir, strerror(errno));
+    }
 }

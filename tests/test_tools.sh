@@ -4,13 +4,19 @@
 # tools/ipccache-stats. Needs no GPU and not the real library:
 #
 #  - ipccache-stats is pointed at fake targets, small Python processes that
-#    map a file named like the library (IPCCACHE_STATS_LIBNAME) and answer
-#    the stats signal the way libipccache.so does (see ipccache(7));
+#    map a file named like the library (IPCCACHE_STATS_LIBNAME), leave the
+#    library's marker and answer the stats signal the way libipccache.so
+#    does (see ipccache(7)); the end-to-end cases use the real library;
 #  - ipccache-run preloads a harmless shared object: the stand-in driver
 #    build/tests/libcuda.so.1 when it is built, else one compiled here.
 #
 # Prints "ok - NAME" / "not ok - NAME" per case and ends with the line
 # "tools: N passed, M failed"; exits non-zero on any failure.
+#
+# Each case (new_case) sees only its own processes and files: the fakes of
+# the case before are killed and reaped, and it gets a fresh private
+# XDG_RUNTIME_DIR (where markers and request files go). Everything lives in
+# one temporary folder, removed at the end.
 
 set -u
 
@@ -32,16 +38,13 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/ipccache-tools.XXXXXX") || exit 1
 tmp=$(cd "$tmp" && pwd -P)
 # Fakes may run as another user (see the ownership case): let them in.
 chmod 755 "$tmp"
-mkdir -m 1777 "$tmp/req" "$tmp/run"
+mkdir -m 1777 "$tmp/run"
 
 passed=0 failed=0 skipped=0
 fake_pids=()
 
 cleanup() {
-    local pid
-    for pid in "${fake_pids[@]+"${fake_pids[@]}"}"; do
-        kill -KILL "$pid" 2>/dev/null
-    done
+    stop_fakes
     wait 2>/dev/null
     rm -rf "$tmp"
 }
@@ -87,20 +90,32 @@ py() { timeout "$LIMIT" "$PY" "$@"; }
 # ---------------------------------------------------------------------------
 # Fake targets
 
-LIBNAME=libfake-ipccache.so
+# Named for this run only: a tool of another run on the same machine that
+# looks for processes by the library's name must not find these fakes.
+LIBNAME=libfake-ipccache-$$.so
 printf 'not really a library\n' >"$tmp/$LIBNAME"
 
 cat >"$tmp/fake_target.py" <<'EOF'
 # A stand-in for a process running with libipccache.so: maps a file named
-# like the library, and (unless --no-handler) answers the stats signal by
-# appending one JSON line where the library would: IPCCACHE_STATS_FILE (%p
-# expanded), else an existing IPCCACHE_STATS_DIR/ipccache-<pid>.stats opened
-# without O_CREAT, else stderr.
+# like the library and, unless --no-handler, installs a handler for the
+# stats signal and leaves the library's marker in
+# $XDG_RUNTIME_DIR/ipccache. The handler appends one JSON line where the
+# library would: IPCCACHE_STATS_FILE (%p expanded), else an existing
+# request file <IPCCACHE_STATS_DIR or the per-user folder>/ipccache-<pid>.stats,
+# else stderr.
+#   --no-marker     a program using the signal for itself: handler, no
+#                   marker; the signal makes it exit 3
+#   --stale-marker  a marker with another start time (a reused pid); the
+#                   signal makes it exit 3
+#   --exec-marker   a marker left before an exec: the library is not at its
+#                   base; the signal makes it exit 3
+#   --grow          the stats file grows by 16 GiB (sparse) before the line
 import json, mmap, os, signal, sys
 
 ready, base = sys.argv[1], int(sys.argv[2])
 opts = sys.argv[3:]
 signal.alarm(120)  # never outlive a broken test run
+user_dir = os.environ["XDG_RUNTIME_DIR"] + "/ipccache"
 
 def stats_line():
     d = {"schema": 1, "pid": os.getpid(), "version": "0.1.0",
@@ -117,24 +132,49 @@ def stats_line():
         return b"{this is not json\n"
     return (json.dumps(d) + "\n").encode()
 
+stats_file = os.environ.get("IPCCACHE_STATS_FILE", "").replace("%p", str(os.getpid()))
+request_dir = os.environ.get("IPCCACHE_STATS_DIR") or user_dir
+
 def destination():
-    path = os.environ.get("IPCCACHE_STATS_FILE")
-    if path:
-        path = path.replace("%p", str(os.getpid()))
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    req = "%s/ipccache-%d.stats" % (os.environ.get("IPCCACHE_STATS_DIR", "/tmp"), os.getpid())
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOFOLLOW
     try:
-        return os.open(req, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        if stats_file:
+            return os.open(stats_file, flags | os.O_CREAT, 0o600)
+        return os.open("%s/ipccache-%d.stats" % (request_dir, os.getpid()), flags)
     except OSError:
         return 2
 
 def answer(signo, frame):
+    if "--no-marker" in opts or "--stale-marker" in opts or "--exec-marker" in opts:
+        os._exit(3)
     if "--silent" in opts:
         return
     fd = destination()
+    if "--grow" in opts:
+        os.ftruncate(fd, os.fstat(fd).st_size + (16 << 30))
+        os.write(fd, b"\n")
     os.write(fd, stats_line())
     if fd != 2:
         os.close(fd)
+
+def library_base():
+    # Where the file named like the library is mapped (else any mapping).
+    maps = open("/proc/self/maps").read().splitlines()
+    mine = [l for l in maps if l.endswith("/" + os.environ["LIBNAME"])] or maps
+    return int(mine[0].split("-")[0], 16)
+
+def write_marker(signo):
+    stat = open("/proc/self/stat", "rb").read()
+    start = int(stat[stat.rfind(b")") + 2:].split()[19])
+    base = library_base()
+    if "--stale-marker" in opts:
+        start += 1
+    if "--exec-marker" in opts:
+        base = 4096  # never a mapping: below mmap_min_addr
+    os.makedirs(user_dir, mode=0o700, exist_ok=True)
+    with open("%s/ipccache-%d.marker" % (user_dir, os.getpid()), "w") as f:
+        f.write("ipccache-marker 1\npid=%d\nstart=%d\nsignal=%d\nbase=%d\nstats_file=%s\n"
+                "request_dir=%s\n" % (os.getpid(), start, signo, base, stats_file, request_dir))
 
 if "--comm" in opts:
     with open("/proc/self/comm", "w") as f:
@@ -144,21 +184,24 @@ if "--lib" in opts:
     lib_map = mmap.mmap(lib_file.fileno(), 0, prot=mmap.PROT_READ)
 name = os.environ.get("IPCCACHE_STATS_SIGNAL", "USR1").upper()
 if "--no-handler" not in opts and name != "0":
-    signal.signal(getattr(signal, name if name.startswith("SIG") else "SIG" + name), answer)
+    signo = getattr(signal, name if name.startswith("SIG") else "SIG" + name)
+    signal.signal(signo, answer)
+    if "--no-marker" not in opts:
+        write_marker(int(signo))
 open(ready, "w").close()
 while True:
     signal.pause()
 EOF
 
-# start_fake BASE [--lib FILE] [--no-handler] [--silent] [--garbage] [--comm NAME]
+# start_fake BASE [--lib FILE] [--no-handler] [--no-marker] [--stale-marker]
+#            [--exec-marker] [--grow] [--silent] [--garbage] [--comm NAME]
 # Starts a fake (with the caller's temporary environment) and waits until it
 # is ready; its pid is left in $fake.
 fake=
 fake_seq=0
 start_fake() {
     local ready="$tmp/run/ready.$((++fake_seq))"
-    env IPCCACHE_STATS_DIR="${IPCCACHE_STATS_DIR:-$tmp/req}" \
-        "$PY" "$tmp/fake_target.py" "$ready" "$@" 2>>"$tmp/fake.err" &
+    LIBNAME=$LIBNAME "$PY" "$tmp/fake_target.py" "$ready" "$@" 2>>"$tmp/fake.err" &
     fake=$!
     fake_pids+=("$fake")
     wait_for_file "$ready"
@@ -173,6 +216,7 @@ wait_for_file() {
     sed 's/^/#   /' "$tmp/fake.err" | tail -n 5 >&2
     return 1
 }
+# Kills and reaps every process the cases started.
 stop_fakes() {
     local pid
     for pid in "${fake_pids[@]+"${fake_pids[@]}"}"; do
@@ -181,6 +225,22 @@ stop_fakes() {
     done
     fake_pids=()
 }
+
+# new_case: the processes of the case before are gone; a fresh per-user
+# folder ($XDG_RUNTIME_DIR, 0700) in a fresh case folder ($case, which other
+# users may cross).
+case_no=0
+case=
+new_case() {
+    stop_fakes
+    [[ -n $case ]] && rm -rf "$case"
+    case=$tmp/case.$((++case_no))
+    mkdir -m 711 "$case"
+    mkdir -m 700 "$case/xdg"
+    export XDG_RUNTIME_DIR=$case/xdg
+}
+userdir() { echo "$XDG_RUNTIME_DIR/ipccache"; }
+no_stats_files() { ! compgen -G "$(userdir)/*.stats" >/dev/null; }
 lib="$tmp/$LIBNAME"
 
 # Checks Prometheus text exposition rules on stdin: argv[1] is a comm that
@@ -254,8 +314,9 @@ stats --help; check "stats: --help exits 0" rc_is 0
 stats --version; check "stats: --version" out_has "ipccache-stats "
 
 # ---------------------------------------------------------------------------
-# ipccache-stats: one process, request file in IPCCACHE_STATS_DIR
+# ipccache-stats: one process, request file in the per-user folder
 
+new_case
 start_fake 1 --lib "$lib" --comm fakeone
 stats "$fake"
 check "stats: table for one process exits 0" rc_is 0
@@ -263,16 +324,15 @@ check "stats: table shows pid and command" grep -qE "^ *$fake +fakeone " "$tmp/o
 check "stats: table shows opens, hits, hit rate, idle bytes, saved ms" \
     grep -qE "fakeone +10 +8 +80\.0 +2 +2 +0 +0 +2 +1\.0G +1 +0 +0\.8$" "$tmp/out"
 check "stats: no TOTAL row for one process" bash -c "! grep -q TOTAL '$tmp/out'"
-check "stats: request file removed afterwards" \
-    bash -c "! ls '$tmp/req' | grep -q ."
+check "stats: request file removed afterwards" no_stats_files
 stats --json "$fake"
 check "stats: --json for one process" json_true \
     "doc['processes'][0]['pid'] == $fake and doc['processes'][0]['top'][0]['ctx'] == 1"
-stop_fakes
 
 # ---------------------------------------------------------------------------
 # ipccache-stats: several processes, totals and formats
 
+new_case
 start_fake 1 --lib "$lib"; one=$fake
 start_fake 2 --lib "$lib" --comm 'we"ird\name'; two=$fake
 stats --json "$one" "$two"
@@ -302,35 +362,39 @@ check "stats: --watch refreshes (one JSON document per line)" py -c '
 import json, sys
 lines = open(sys.argv[1]).read().splitlines()
 sys.exit(0 if len(lines) >= 2 and all(json.loads(l)["processes"] for l in lines) else 1)' "$tmp/out"
-stop_fakes
 
 # ---------------------------------------------------------------------------
-# ipccache-stats: where the line goes
+# ipccache-stats: where the line goes (the marker says)
 
-printf '{"schema":1,"pid":%d,"opens":999}\n' 1 >"$tmp/shared.log"
-IPCCACHE_STATS_FILE="$tmp/shared.log" start_fake 3 --lib "$lib"
+new_case
+printf '{"schema":1,"pid":%d,"opens":999}\n' 1 >"$case/shared.log"
+IPCCACHE_STATS_FILE="$case/shared.log" start_fake 3 --lib "$lib"
 stats --json "$fake"
 check "stats: IPCCACHE_STATS_FILE: reads the new line, not older ones" \
     json_true "doc['processes'][0]['opens'] == 30"
-IPCCACHE_STATS_FILE="$tmp/per-%p.log" start_fake 1 --lib "$lib"
+IPCCACHE_STATS_FILE="$case/per-%p.log" start_fake 1 --lib "$lib"
 stats --json "$fake"
 check "stats: IPCCACHE_STATS_FILE with %p" json_true "doc['processes'][0]['opens'] == 10"
 IPCCACHE_STATS_SIGNAL=SIGUSR2 start_fake 1 --lib "$lib"
 stats "$fake"
 check "stats: uses the target's IPCCACHE_STATS_SIGNAL" rc_is 0
 check "stats: ... and the target survives it" alive "$fake"
-IPCCACHE_STATS_DIR="$tmp/run" start_fake 2 --lib "$lib"
+mkdir -m 700 "$case/req"
+IPCCACHE_STATS_DIR="$case/req" start_fake 2 --lib "$lib"
 stats --json "$fake"
 check "stats: uses the target's IPCCACHE_STATS_DIR" json_true "doc['processes'][0]['opens'] == 20"
-stop_fakes
+check "stats: ... and removes the request file there" \
+    bash -c "! ls -A '$case/req' | grep -q ."
 
 # ---------------------------------------------------------------------------
 # ipccache-stats: refusals and failures
 
+new_case
 start_fake 1 --lib "$lib" --no-handler; nohandler=$fake
 stats "$nohandler"
 check "stats: handler not installed: exit 1" rc_is 1
 check "stats: handler not installed: says so" err_has "no IPC yet"
+check "stats: handler not installed: says there is no marker" err_has "no ipccache marker for pid $nohandler"
 check "stats: handler not installed: process not signalled (still alive)" alive "$nohandler"
 
 sleep 30 &
@@ -367,20 +431,79 @@ stats --timeout 0.3 "$fake"
 check "stats: no answer: exit 1" rc_is 1
 check "stats: no answer: timeout message" err_has "no answer within 0.3s"
 check "stats: no answer: gives up in time" test "$SECONDS" -le 3
-check "stats: no answer: request file removed" bash -c "! ls '$tmp/req' | grep -q ."
+check "stats: no answer: request file removed" no_stats_files
 
 start_fake 1 --lib "$lib" --garbage
 stats --timeout 0.3 "$fake"
 check "stats: malformed line: reported" err_has "malformed stats line"
 
 start_fake 1 --lib "$lib"
-: >"$tmp/req/ipccache-$fake.stats"
+: >"$(userdir)/ipccache-$fake.stats"
 stats "$fake"
 check "stats: existing request file: refused" err_has "already exists"
-rm -f "$tmp/req/ipccache-$fake.stats"
-stop_fakes
+rm -f "$(userdir)/ipccache-$fake.stats"
+
+# ---------------------------------------------------------------------------
+# ipccache-stats: only a process with a live marker is signalled
+
+new_case
+start_fake 1 --lib "$lib" --no-marker; own=$fake
+stats "$own"
+check "stats: program using the signal itself, no marker: refused" err_has "no ipccache marker"
+check "stats: ... and not signalled" alive "$own"
+start_fake 1 --lib "$lib" --stale-marker; stale=$fake
+stats "$stale"
+check "stats: marker with another start time (pid reused): refused" err_has "stale"
+check "stats: ... and not signalled" alive "$stale"
+start_fake 1 --lib "$lib" --exec-marker; execd=$fake
+stats "$execd"
+check "stats: marker from before an exec (library moved): refused" err_has "predates an exec"
+check "stats: ... and not signalled" alive "$execd"
+stats --all --dir "$(userdir)"
+check "stats: --all skips all three" \
+    bash -c "[[ $rc == 0 ]] && ! grep -qE '^ *($own|$stale|$execd) ' '$tmp/out'"
+check "stats: --all signals none" bash -c "kill -0 $own && kill -0 $stale && kill -0 $execd"
+sleep 30 &
+gone=$!; fake_pids+=("$gone")
+printf 'ipccache-marker 1\npid=%d\nstart=1\nsignal=10\nbase=1\nstats_file=\nrequest_dir=\n' "$gone" \
+    >"$(userdir)/ipccache-$gone.marker"
+kill -KILL "$gone"; wait "$gone" 2>/dev/null
+stats --all --dir "$(userdir)"
+check "stats: --all removes the marker of a process that is gone" \
+    test ! -e "$(userdir)/ipccache-$gone.marker"
+
+# ---------------------------------------------------------------------------
+# ipccache-stats: nothing the target names can hang, flood or misplace it
+
+new_case
+mkfifo "$case/fifo"
+IPCCACHE_STATS_FILE=/dev/zero start_fake 1 --lib "$lib"; zero=$fake
+SECONDS=0
+stats --timeout 5 "$zero"
+check "stats: IPCCACHE_STATS_FILE=/dev/zero: refused at once" \
+    bash -c "[[ $rc == 1 && $SECONDS -le 3 ]] && grep -q 'not a regular file' '$tmp/err'"
+IPCCACHE_STATS_FILE="$case/fifo" start_fake 1 --lib "$lib"
+SECONDS=0
+stats --timeout 5 "$fake"
+check "stats: IPCCACHE_STATS_FILE a FIFO: refused at once" \
+    bash -c "[[ $rc == 1 && $SECONDS -le 3 ]] && grep -q 'not a regular file' '$tmp/err'"
+IPCCACHE_STATS_FILE="$case/huge.log" start_fake 1 --lib "$lib" --grow
+stats --json "$fake"
+check "stats: a stats file grown by 16 GiB: only its end is read" \
+    json_true "doc['processes'][0]['opens'] == 10"
+rm -f "$case/huge.log"
+mkdir -m 777 "$case/open"
+IPCCACHE_STATS_DIR="$case/open" start_fake 1 --lib "$lib"
+stats "$fake"
+check "stats: request folder others can write to: refused" err_has "only it can write to"
+check "stats: ... and no file created there" bash -c "! ls -A '$case/open' | grep -q ."
+ln -s "$case/open" "$case/link"
+IPCCACHE_STATS_DIR="$case/link" start_fake 1 --lib "$lib"
+stats "$fake"
+check "stats: request folder through a symlink: refused" err_has "cannot open directory"
 
 # Another user's process.
+new_case
 if [[ $(id -u) != 0 ]]; then
     if [[ $(stat -c %u /proc/1) != $(id -u) ]]; then
         stats 1
@@ -397,43 +520,71 @@ elif command -v setpriv >/dev/null &&
     check "stats: another user's process: exit 1" rc_is 1
     check "stats: another user's process: permission denied" err_has "permission denied"
     check "stats: another user's process: still alive" alive "$fake"
-    # And root asking a process of another user: the request file must be
-    # given to that user, or the target could not open it.
-    fake_seq=$((fake_seq + 1))
-    IPCCACHE_STATS_DIR="$tmp/req" setpriv --reuid=65534 --regid=65534 --clear-groups \
-        "$PY" "$tmp/fake_target.py" "$tmp/run/ready.$fake_seq" 4 --lib "$lib" 2>>"$tmp/fake.err" &
-    fake=$!; fake_pids+=("$fake")
-    wait_for_file "$tmp/run/ready.$fake_seq"
+    # start_other ENV...: a fake run by uid 65534, with its own per-user
+    # folder; pid in $fake.
+    mkdir -m 700 "$case/xdg65534"
+    chown 65534:65534 "$case/xdg65534"
+    start_other() {
+        local ready="$tmp/run/ready.$((++fake_seq))"
+        env XDG_RUNTIME_DIR="$case/xdg65534" LIBNAME=$LIBNAME "$@" setpriv --reuid=65534 --regid=65534 \
+            --clear-groups "$PY" "$tmp/fake_target.py" "$ready" 4 --lib "$lib" 2>>"$tmp/fake.err" &
+        fake=$!; fake_pids+=("$fake")
+        wait_for_file "$ready"
+    }
+    # Root asking a process of another user: the request file is created in
+    # that user's folder and given to that user.
+    start_other
     stats --json "$fake"
     check "stats: root asking another user's process" json_true "doc['processes'][0]['opens'] == 40"
-    stop_fakes
+    check "stats: ... its request file removed" \
+        bash -c "! compgen -G '$case/xdg65534/ipccache/*.stats' >/dev/null"
+    # That user names a folder of root's (IPCCACHE_STATS_DIR=/etc, say):
+    # root must not create a file there.
+    mkdir -m 755 "$case/rootdir"
+    start_other IPCCACHE_STATS_DIR="$case/rootdir"
+    stats "$fake"
+    check "stats: root refuses a request folder not of the target's user" \
+        err_has "not a directory of uid 65534"
+    check "stats: ... and creates nothing there" bash -c "! ls -A '$case/rootdir' | grep -q ."
+    # ... or a file of root's as its stats file: not read.
+    echo secret >"$case/rootfile"
+    start_other IPCCACHE_STATS_FILE="$case/rootfile"
+    stats "$fake"
+    check "stats: root refuses a stats file not of the target's user" \
+        err_has "not a regular file of uid 65534"
 else
     skip "stats: another user's process" "running as root, cannot run Python as uid 65534"
 fi
 
 # ---------------------------------------------------------------------------
-# ipccache-stats: --all
+# ipccache-stats: --all lists the markers
 
+new_case
 start_fake 1 --lib "$lib"; a1=$fake
 start_fake 2 --lib "$lib"; a2=$fake
 start_fake 5 --lib "$lib" --no-handler; a3=$fake
 IPCCACHE_STATS_SIGNAL=0 start_fake 6 --lib "$lib"; a4=$fake
-start_fake 7  # no library: not listed
-stats --all --json
+start_fake 7 --no-handler  # not ipccache: not listed
+stats --all --dir "$(userdir)" --json
 check "stats: --all exits 0" rc_is 0
-check "stats: --all finds the processes with the library" json_true \
+check "stats: --all finds the processes with a marker" json_true \
     "sorted(p['pid'] for p in doc['processes']) == sorted([$a1, $a2])"
-stats --all
-check "stats: --all table: reports library loaded, no IPC yet" \
-    grep -q "^$a3 (python3*): library loaded, no IPC yet" "$tmp/out"
-check "stats: --all: that process is not signalled" alive "$a3"
-check "stats: --all table: reports IPCCACHE_STATS_SIGNAL=0" \
-    grep -q "^$a4 (python3*): library loaded, no stats signal" "$tmp/out"
+stats --all --dir "$(userdir)"
+check "stats: --all: processes without a marker are not listed" \
+    bash -c "! grep -qE '^ *($a3|$a4) ' '$tmp/out'"
+check "stats: --all: ... nor signalled" bash -c "kill -0 $a3 && kill -0 $a4"
 check "stats: --all table has a TOTAL row" grep -qE "^ *TOTAL +30 " "$tmp/out"
-stop_fakes
-stats --all --prometheus
+stats --all --json
+check "stats: --all without --dir: your per-user folder" json_true \
+    "{$a1, $a2} <= {p['pid'] for p in doc['processes']}"
+stats --dir /tmp 123
+check "stats: --dir without --all is a usage error" rc_is 2
+new_case
+mkdir -m 700 "$(userdir)"
+stats --all --dir "$(userdir)" --prometheus
 check "stats: --all with no process: exit 0, empty exposition" \
     bash -c "[[ $rc == 0 && ! -s '$tmp/out' ]]"
+stop_fakes
 
 # ---------------------------------------------------------------------------
 # ipccache-run
@@ -529,8 +680,9 @@ lib=$build/libipccache.so
 if [[ -x $probe && -f $lib ]]; then
     # A sanitizer build of the library needs its runtime preloaded first.
     prefix=${IPCC_TEST_PRELOAD_PREFIX:-}
+    new_case
     # Started through ipccache-run, as an operator would; 99 opens, 98 hits.
-    LD_PRELOAD=$prefix LD_LIBRARY_PATH=$build/tests IPCCACHE_STATS_DIR=$tmp/req \
+    LD_PRELOAD=$prefix LD_LIBRARY_PATH=$build/tests \
         "$RUN_TOOL" --lib "$lib" "$probe" hold 99 20 >"$tmp/probe.out" 2>&1 &
     real_pid=$!
     fake_pids+=("$real_pid")
@@ -545,11 +697,18 @@ sys.exit(0 if (p["opens"], p["hits"], p["real_opens"]) == (99, 98, 1) else 1)' "
         timeout "$LIMIT" "$PY" "$STATS_TOOL" --prometheus "$real_pid" >"$tmp/out" 2>"$tmp/err"
         check "e2e: prometheus hits counter" grep -q "^ipccache_hits_total{.*} 98\$" "$tmp/out"
         check "e2e: the process lives on" kill -0 "$real_pid"
+        check "e2e: it left its marker in the per-user folder" \
+            test -f "$(userdir)/ipccache-$real_pid.marker"
+        timeout "$LIMIT" "$PY" "$STATS_TOOL" --all --dir "$(userdir)" --json >"$tmp/out" 2>"$tmp/err"
+        rc=$?
+        check "e2e: --all finds it by its marker" json_true \
+            "[p['pid'] for p in doc['processes']] == [$real_pid] and doc['processes'][0]['hits'] == 98"
+        check "e2e: no request file left" no_stats_files
     else
         not_ok "e2e: probe under ipccache-run did not start"
         sed 's/^/#   /' "$tmp/probe.out"
     fi
-    kill "$real_pid" 2>/dev/null
+    stop_fakes
 
     # The library is loaded but no IPC happened: no handler, so no signal.
     LD_LIBRARY_PATH=$build/tests LD_PRELOAD="${prefix:+$prefix:}$lib" "$probe" hold 0 20 \
@@ -560,15 +719,17 @@ sys.exit(0 if (p["opens"], p["hits"], p["real_opens"]) == (99, 98, 1) else 1)' "
         timeout "$LIMIT" "$PY" "$STATS_TOOL" "$idle_pid" >"$tmp/out" 2>"$tmp/err"
         rc=$?
         check "e2e: no IPC yet is refused" rc_is 1
+        check "e2e: ... because it has no marker" err_has "no ipccache marker for pid $idle_pid"
         check "e2e: and that process was not signalled" kill -0 "$idle_pid"
     else
         not_ok "e2e: idle probe did not start"
     fi
-    kill "$idle_pid" 2>/dev/null
+    stop_fakes
 else
     skip "e2e: real library" "build/tests/probe or build/libipccache.so not built"
 fi
 
+new_case  # reaps the last processes
 echo "# skipped: $skipped"
 echo "tools: $passed passed, $failed failed"
 [[ $failed == 0 ]]

@@ -71,14 +71,24 @@ static inline long long tu_stat(const char *path, const char *key)
     return at ? strtoll(at + strlen(pat), NULL, 10) : -1;
 }
 
-/* A private stats file for this test process. */
+static char tu_stats_path[512];
+
+static inline void tu_remove_stats_file(void)
+{
+    unlink(tu_stats_path);
+}
+
+/* A private stats file for this test process, in $TMPDIR (the suite gives
+ * each run its own), removed when the test process exits. */
 static inline const char *tu_stats_file(void)
 {
-    static char path[64];
-    snprintf(path, sizeof(path), "/tmp/ipcc-test-%ld.stats", (long)getpid());
-    unlink(path);
-    setenv("IPCCACHE_STATS_FILE", path, 1);
-    return path;
+    const char *dir = getenv("TMPDIR");
+    snprintf(tu_stats_path, sizeof(tu_stats_path), "%s/ipcc-test-%ld.stats",
+             dir && *dir == '/' ? dir : "/tmp", (long)getpid());
+    unlink(tu_stats_path);
+    setenv("IPCCACHE_STATS_FILE", tu_stats_path, 1);
+    atexit(tu_remove_stats_file);
+    return tu_stats_path;
 }
 
 #endif
