@@ -274,6 +274,8 @@ IPCC_HIDDEN int ipcc_config_stats_path(const char *pattern, long pid, char *out,
 
 /* ---- userdir.c: the per-user directory, and files opened safely -------- */
 
+struct stat;
+IPCC_HIDDEN int ipcc_fstat(int fd, struct stat *st);
 IPCC_HIDDEN int ipcc_userdir_open(void);
 IPCC_HIDDEN int ipcc_userdir_path(char *out, size_t cap);
 IPCC_HIDDEN int ipcc_dir_open_checked(const char *path);

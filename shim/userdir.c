@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -31,6 +32,14 @@
 static char dir_path[256];
 static _Atomic int dir_state; /* 0: not looked for yet, 1: dir_path is usable, -1: none */
 static pthread_once_t find_once = PTHREAD_ONCE_INIT;
+
+/* fstat as the kernel offers it: glibc's own fstat symbol is versioned
+ * 2.33, which would raise the glibc the library needs (see glibc_floor.h).
+ * The kernel's struct stat is glibc's on x86_64 and aarch64. */
+int ipcc_fstat(int fd, struct stat *st)
+{
+    return (int)syscall(SYS_fstat, fd, st);
+}
 
 static int ours(const struct stat *st)
 {
@@ -45,7 +54,7 @@ static int open_dir(const char *path, int exact)
     if (fd < 0)
         return -1;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || !ours(&st) ||
+    if (ipcc_fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || !ours(&st) ||
         (exact ? (st.st_mode & 07777) != 0700 : (st.st_mode & (S_IWGRP | S_IWOTH)) != 0)) {
         close(fd);
         errno = EPERM;
@@ -134,7 +143,7 @@ int ipcc_file_open_checked(int dirfd, const char *name, int flags)
     if (fd < 0)
         return -1;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !ours(&st)) {
+    if (ipcc_fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !ours(&st)) {
         close(fd);
         errno = EPERM;
         return -1;
