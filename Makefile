@@ -20,7 +20,11 @@ CFLAGS     ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
-           shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c
+           shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c \
+           $(LEDGER_SRC) shim/exporter.c shim/release_helper.c
+# The release ledger alone (unit-tested without CUDA). userdir_stub.c stands
+# in for userdir.c until that lands.
+LEDGER_SRC = shim/ledger.c shim/ledger_request.c shim/userdir_stub.c
 # The dlsym trampoline is assembly, one file per architecture.
 ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
 TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o
@@ -32,16 +36,18 @@ LIB      = $(BUILD)/libipccache.so
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
 FAKE       = $(BUILD)/tests/libcuda.so.1
-UNIT_SRC   = tests/test_cache.c tests/test_config.c
-E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/test_*.c))
+UNIT_SRC   = tests/test_cache.c tests/test_config.c tests/test_ledger.c
+E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c tests/test_ghost.c, \
+                          $(wildcard tests/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
-             $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan
+             $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan \
+             $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer
 
 .PHONY: all test run-tests test-sanitize test-aarch64 test-gpu bench demo install uninstall clean check-exports
 
 all: $(LIB)
 
-$(BUILD)/shim/%.o: shim/%.c shim/internal.h
+$(BUILD)/shim/%.o: shim/%.c shim/internal.h shim/ledger.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
@@ -63,11 +69,12 @@ $(FAKE): tests/fake_cuda.c tests/fake_cuda.h
 	    -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $< -lpthread
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
-# The table and the settings parser, tested alone: no CUDA, no preload.
-$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/internal.h
+# The table, the settings parser and the ledger, tested alone: no CUDA, no preload.
+$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c $(LEDGER_SRC) \
+                          shim/internal.h shim/ledger.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c $(TEST_LIBS)
+	    shim/log.c $(LEDGER_SRC) $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
@@ -95,6 +102,14 @@ $(BUILD)/tests/rtld_next_check: tests/rtld_next_check.c $(BUILD)/tests/libnext1.
 $(BUILD)/tests/hello_tsan: tests/hello_sanitized.c
 	@mkdir -p $(@D)
 	-$(CC) -fsanitize=thread -o $@ $< 2>/dev/null
+
+# Exporter and importer of the release tests: linked with the stand-in
+# driver, run with the library preloaded; the test reads the stand-in's book.
+$(BUILD)/tests/ghost_peer: tests/ghost_peer.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
+
+$(BUILD)/tests/test_ghost: tests/test_ghost.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
 $(BUILD)/tests/probe: tests/probe.c $(FAKE)

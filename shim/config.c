@@ -26,6 +26,7 @@ struct ipcc_config ipcc_config = {
     .log_level = IPCC_LOG_WARN,
     .stats_signal = SIGUSR1,
     .stats_dir = "/tmp",
+    .release_wait_ms = 100,
 };
 
 /* ---- value parsers: return 0 on success, -1 on a bad value ------------- */
@@ -136,6 +137,16 @@ static int set_log(const char *s) { return ipcc_parse_log_level(s, &ipcc_config.
 static int set_signal(const char *s) { return ipcc_parse_signal(s, &ipcc_config.stats_signal); }
 static int set_at_exit(const char *s) { return ipcc_parse_bool(s, &ipcc_config.stats_at_exit); }
 
+/* A minute at most: a free is not meant to hang on a stuck importer. */
+static int set_release_wait(const char *s)
+{
+    uint64_t ms;
+    if (ipcc_parse_count(s, &ms) < 0 || ms > 60000)
+        return -1;
+    ipcc_config.release_wait_ms = ms;
+    return 0;
+}
+
 /* Expands %p to the pid and %% to %; anything else after % is an error. */
 static int set_stats_file(const char *s)
 {
@@ -186,6 +197,7 @@ static const struct setting settings[] = {
     { "IPCCACHE_STATS_DIR", set_stats_dir, "an absolute directory path" },
     { "IPCCACHE_STATS_SIGNAL", set_signal, "a signal name or number, 0 for none" },
     { "IPCCACHE_STATS_AT_EXIT", set_at_exit, "a boolean" },
+    { "IPCCACHE_RELEASE_WAIT_MS", set_release_wait, "milliseconds from 0 to 60000" },
 };
 
 /* Strict mode is read first: it decides what a bad value in the others means. */

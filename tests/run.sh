@@ -5,7 +5,7 @@
 # one line, "tests: N passed, M failed". Exits non-zero if anything failed,
 # any test program exited non-zero, or an expected program is missing.
 #
-#   - the Criterion programs BUILD/tests/test_{unit,e2e,process}, two jobs at
+#   - the Criterion programs BUILD/tests/test_{unit,e2e,process,ghost}, two jobs at
 #     a time (the machine has two cores); their "Synthesis:" lines are summed;
 #   - tests/check_exports.sh on BUILD/libipccache.so, counted as one check;
 #   - tests/test_tools.sh, if present, whose "tools: N passed, M failed" line
@@ -91,7 +91,7 @@ run_tools() {
     add_counts tests/test_tools.sh 'tools: ([0-9]+) passed, ([0-9]+) failed'
 }
 
-for t in test_unit test_e2e test_process; do
+for t in test_unit test_e2e test_process test_ghost; do
     run_criterion "$t"
 done
 run_check_exports
