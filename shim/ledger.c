@@ -194,7 +194,11 @@ static uint32_t handle_hash(const unsigned char *h)
     return x;
 }
 
-#define EXPORT_AT(h, i) (&ledger->exports[(handle_hash(h) + (i)) % IPCC_LEDGER_EXPORTS])
+/* The i-th entry of the probe sequence that starts at hash. */
+static struct ipcc_ledger_export *export_at(uint32_t hash, int i)
+{
+    return &ledger->exports[(hash + (uint32_t)i) % IPCC_LEDGER_EXPORTS];
+}
 
 /* Takes a free entry, or one whose owner died (without a /proc read: a
  * recycled pid only costs an entry until that process ends too). */
@@ -216,15 +220,16 @@ int ipcc_ledger_publish(const void *handle)
     if (!ipcc_ledger_ready())
         return -1;
     struct ipcc_proc me = ipcc_proc_self();
+    uint32_t hash = handle_hash(handle);
     struct ipcc_ledger_export *e;
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
-        e = EXPORT_AT(handle, i);
+        e = export_at(hash, i);
         if (atomic_load(&e->pid) == me.pid && atomic_load(&e->ready) &&
             memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0)
             return 0;
     }
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
-        e = EXPORT_AT(handle, i);
+        e = export_at(hash, i);
         if (!claim_export(e, me.pid))
             continue;
         atomic_store(&e->start, me.start);
@@ -240,8 +245,9 @@ void ipcc_ledger_unpublish(const void *handle)
     if (!ledger)
         return;
     int32_t me = ipcc_proc_self().pid;
+    uint32_t hash = handle_hash(handle);
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
-        struct ipcc_ledger_export *e = EXPORT_AT(handle, i);
+        struct ipcc_ledger_export *e = export_at(hash, i);
         int32_t owner = me;
         if (atomic_load(&e->pid) == me && memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0) {
             atomic_store(&e->ready, 0);
@@ -255,8 +261,9 @@ int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
 {
     if (!ipcc_ledger_ready())
         return 0;
+    uint32_t hash = handle_hash(handle);
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
-        struct ipcc_ledger_export *e = EXPORT_AT(handle, i);
+        struct ipcc_ledger_export *e = export_at(hash, i);
         int32_t pid = atomic_load(&e->pid);
         if (!pid || !atomic_load_explicit(&e->ready, memory_order_acquire))
             continue;

@@ -43,7 +43,9 @@ static int watches(struct ipcc_ledger_importer *s, int32_t pid)
     return 0;
 }
 
-/* The live importers, other than us, that may hold our handles. */
+/* The importers, other than us, that may hold our handles and whose pid
+ * runs (a signal-0 probe; a recycled pid is found by the wait's first
+ * liveness check, which reads start times). */
 static uint64_t importers_to_ask(struct ipcc_ledger_file *f, struct ipcc_proc me,
                                  int32_t pids[IPCC_LEDGER_IMPORTERS])
 {
@@ -51,8 +53,7 @@ static uint64_t importers_to_ask(struct ipcc_ledger_file *f, struct ipcc_proc me
     for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++) {
         struct ipcc_ledger_importer *s = &f->importers[i];
         int32_t pid = atomic_load(&s->pid);
-        if (pid == 0 || pid == me.pid || !watches(s, me.pid) ||
-            !ipcc_proc_alive(pid, atomic_load(&s->start)))
+        if (pid == 0 || pid == me.pid || !watches(s, me.pid) || !ipcc_proc_alive(pid, 0))
             continue;
         pids[i] = pid;
         mask |= 1ULL << i;
