@@ -176,6 +176,7 @@ struct ipcc_driver {
     int (*ctx_push)(void *ctx);
     int (*ctx_pop)(void **ctx);
     int (*mem_get_range)(uint64_t *base, size_t *size, uint64_t dptr);
+    int (*thread_capture_mode)(int *mode); /* cuThreadExchangeStreamCaptureMode */
 };
 
 IPCC_HIDDEN const struct ipcc_driver *ipcc_driver(void);

@@ -210,9 +210,20 @@ static void answer_requests(int me)
     }
 }
 
+/* The helper's closes must neither fail nor break a CUDA graph that one of
+ * the program's threads is capturing in global mode (the default of
+ * PyTorch's torch.cuda.graph): relaxed mode permits them on this thread. */
+static void relax_capture_mode(void)
+{
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    if (ipcc_driver()->thread_capture_mode)
+        ipcc_driver()->thread_capture_mode(&mode);
+}
+
 static void *helper_main(void *arg)
 {
     int me = (int)(intptr_t)arg;
+    relax_capture_mode();
     uint64_t last_check = ipcc_now_ns();
     for (;;) {
         uint32_t rung = ipcc_ledger_doorbell(me);

@@ -96,6 +96,7 @@ static __thread int t_depth;
 #define CHECK_DEINIT() do { if (is_deinit()) return CUDA_ERROR_DEINITIALIZED; } while (0)
 
 /* The "physical memory" block at the end of this file. */
+static int capture_forbids_unsafe_calls(void);
 static void phys_note_alloc(uint64_t serial, uint64_t bytes);
 static void phys_note_free(uint64_t serial);
 static void phys_note_map(uint64_t owner, uint64_t serial, int delta);
@@ -662,6 +663,7 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     g_cnt.close_calls++;
     int s = current_slot();
     if (is_deinit()) return unlock_ret(CUDA_ERROR_DEINITIALIZED);
+    if (capture_forbids_unsafe_calls()) return unlock_ret(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
     long i = map_find(s, dptr, 1);
     if (i < 0) return unlock_ret(CUDA_ERROR_INVALID_VALUE); /* incl. double close */
@@ -943,4 +945,27 @@ uint64_t fakecuda_phys_bytes(void)
     }
     phys_unlock();
     return total;
+}
+
+/* ---- stream capture in global mode ----
+ * FAKECUDA_GLOBAL_CAPTURE=1 plays a thread of the process capturing a CUDA
+ * graph in global mode: every other thread's potentially unsafe call (an IPC
+ * close among them) then fails, unless that thread switched itself to the
+ * relaxed mode. */
+static __thread CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    CHECK_DEINIT();
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+static int capture_forbids_unsafe_calls(void)
+{
+    return env_long("FAKECUDA_GLOBAL_CAPTURE", 0) == 1 &&
+           t_capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
 }

@@ -530,3 +530,17 @@ Test(ghost, unexported_free_is_untouched, .timeout = 40)
     finish(&imp);
     finish(&exp);
 }
+
+Test(ghost, helper_closes_during_a_global_graph_capture, .timeout = 40)
+{
+    /* While a thread of the importer captures a CUDA graph in global mode, the helper's closes still succeed. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("FAKECUDA_GLOBAL_CAPTURE=1"));
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the helper's close was refused during the capture");
+    kill_peer(&imp); /* its exit-time closes would be refused too: not this test's business */
+    finish(&exp);
+}
