@@ -268,6 +268,7 @@ IPCC_HIDDEN int ipcc_proc_alive(int32_t pid, uint64_t start);
 IPCC_HIDDEN int ipcc_ledger_publish(const void *handle);
 IPCC_HIDDEN void ipcc_ledger_unpublish(const void *handle);
 IPCC_HIDDEN int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner);
+IPCC_HIDDEN int ipcc_ledger_unpublished(void);
 IPCC_HIDDEN int ipcc_ledger_register(void);
 IPCC_HIDDEN void ipcc_ledger_unregister(int slot);
 IPCC_HIDDEN void ipcc_ledger_watch(int slot, int32_t exporter_pid);

@@ -237,7 +237,15 @@ int ipcc_ledger_publish(const void *handle)
         atomic_store_explicit(&e->ready, 1, memory_order_release);
         return 0;
     }
+    atomic_store(&ledger->unpublished, 1);
     return -1;
+}
+
+/* Whether some exporter's handle is missing from the table: then an importer
+ * cannot tell who exported what it maps, and must listen to every exporter. */
+int ipcc_ledger_unpublished(void)
+{
+    return ledger && atomic_load(&ledger->unpublished);
 }
 
 void ipcc_ledger_unpublish(const void *handle)

@@ -56,7 +56,8 @@ struct ipcc_ledger_request {
 
 struct ipcc_ledger_file {
     _Atomic uint64_t magic;
-    uint64_t bytes;
+    _Atomic uint32_t unpublished; /* an exporter could not list a handle */
+    uint32_t zero_pad;
     struct ipcc_ledger_importer importers[IPCC_LEDGER_IMPORTERS];
     struct ipcc_ledger_request requests[IPCC_LEDGER_REQUESTS];
     struct ipcc_ledger_export exports[IPCC_LEDGER_EXPORTS];

@@ -4,7 +4,8 @@
  * At each cached miss the importer learns from the ledger who exported the
  * handle, asks that exporter's frees to ring its doorbell, and looks for
  * exporters that have exited. A helper thread, started with the first such
- * mapping (the one that would stay idle after its close), sleeps on the
+ * mapping (so that a free while the program still uses it is answered at
+ * once, not after the wait bound), sleeps on the
  * doorbell: for each request it closes the idle mappings of that handle, in
  * every context, and answers. Mappings the program still uses are left alone
  * (without the cache the memory stays allocated then too); they are closed
@@ -344,16 +345,20 @@ static void record(const void *handle, struct ipcc_proc owner)
 
 /* Called after a miss whose real open was cached: from now on the exporter
  * of handle rings us when it frees it. Exporters that exited meanwhile lose
- * their idle mappings here. */
+ * their idle mappings here. A handle the ledger does not know comes from an
+ * exporter without the library (nothing will ask), unless some exporter
+ * could not list its handles: then every exporter's frees ring us. */
 void ipcc_ghost_note_open(const void *handle)
 {
     if (ipcc_config.disabled || !ipcc_ledger_ready())
         return;
+    struct ipcc_proc owner;
+    int known = ipcc_ledger_owner(handle, &owner);
+    if (!known && !ipcc_ledger_unpublished())
+        return;
     int me = my_slot();
     if (me < 0)
         return;
-    struct ipcc_proc owner;
-    int known = ipcc_ledger_owner(handle, &owner);
     ipcc_ledger_watch(me, known ? owner.pid : 0);
     if (known)
         record(handle, owner);

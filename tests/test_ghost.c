@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -31,6 +33,7 @@
 #include <unistd.h>
 
 #include "fake_cuda.h"
+#include "ledger.h"
 
 #define MIB (1ULL << 20)
 #define REPLY_LIMIT_MS 25000
@@ -287,6 +290,38 @@ static uint64_t phys_settles_at(uint64_t want)
     return phys();
 }
 
+/* As when some exporter found the ledger's table of handles full: importers
+ * of handles it does not know then listen to every exporter. With forget,
+ * the handles listed so far are dropped too. */
+static void mark_unpublished(int forget)
+{
+    char *path = format("%s/ipccache/" IPCC_LEDGER_NAME, tmpdir);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "no ledger at %s", path);
+    struct ipcc_ledger_file *f =
+        mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    cr_assert_neq(f, MAP_FAILED);
+    atomic_store(&f->unpublished, 1);
+    for (int i = 0; forget && i < IPCC_LEDGER_EXPORTS; i++)
+        atomic_store(&f->exports[i].pid, 0);
+    munmap(f, sizeof(*f));
+    close(fd);
+    free(path);
+}
+
+static int threads_of(pid_t pid)
+{
+    char *path = format("/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    int n = 0;
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    free(path);
+    return n;
+}
+
 /* ---- the outcomes --------------------------------------------------------- */
 
 Test(ghost, idle_importer_lets_go_before_the_free_returns, .timeout = 40)
@@ -463,6 +498,7 @@ Test(ghost, fork_child_of_exporter_frees_nothing_of_the_parent, .timeout = 40)
     start(&imp, "importer", NULL);
     struct exported e = export(&exp, 16 * MIB), u = export(&bare, MIB);
     int idx = import(&imp, &e, 1);
+    mark_unpublished(0);
     import(&imp, &u, 1); /* of an exporter the ledger does not know: every free rings the importer */
     cr_assert_eq(ok(&exp, ask(&exp, "fork_free %d", e.idx)), 0);
     cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "the child's free emptied the cache");
@@ -543,4 +579,34 @@ Test(ghost, helper_closes_during_a_global_graph_capture, .timeout = 40)
     cr_assert(eq(u64, phys(), 0), "the helper's close was refused during the capture");
     kill_peer(&imp); /* its exit-time closes would be refused too: not this test's business */
     finish(&exp);
+}
+
+Test(ghost, unlisted_handle_is_released_after_an_overflow, .timeout = 40)
+{
+    /* When the ledger could not list every exported handle, an importer of an unlisted one still lets go at its free. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    mark_unpublished(1);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the importer of an unlisted handle was not asked");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, helper_thread_only_for_exporters_with_the_library, .timeout = 40)
+{
+    /* An importer of memory whose exporter runs without the library starts no thread; one with it gets its helper. */
+    struct peer bare, exp, imp;
+    start(&bare, "bare", ENV("LD_PRELOAD="));
+    start_pair(&exp, &imp, NULL);
+    struct exported u = export(&bare, MIB), e = export(&exp, MIB);
+    import(&imp, &u, 1);
+    cr_assert_eq(threads_of(imp.pid), 1);
+    import(&imp, &e, 1);
+    cr_assert_eq(threads_of(imp.pid), 2);
+    finish(&imp);
+    finish(&exp);
+    finish(&bare);
 }

@@ -209,6 +209,7 @@ Test(ledger, exported_handle_names_its_exporter)
     cr_assert_eq(who.pid, getpid());
     cr_assert_eq(who.start, ipcc_proc_self().start);
     cr_assert_eq(ipcc_ledger_owner(b, &who), 0);
+    cr_assert_eq(ipcc_ledger_unpublished(), 0);
     ipcc_ledger_unpublish(a);
     cr_assert_eq(ipcc_ledger_owner(a, &who), 0);
 }
@@ -224,6 +225,7 @@ Test(ledger, dead_exporters_entries_are_reused)
     unsigned char h[IPCC_HANDLE_BYTES];
     handle_of(h, 3);
     cr_assert_eq(ipcc_ledger_publish(h), -1, "took a live process's entry");
+    cr_assert_eq(ipcc_ledger_unpublished(), 1, "importers were not told to listen to everyone");
     for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
         atomic_store(&f->exports[i].pid, dead);
     cr_assert_eq(ipcc_ledger_publish(h), 0);
