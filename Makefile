@@ -1,12 +1,21 @@
 # ipccache - a cache of CUDA IPC mappings, loaded with LD_PRELOAD.
+# Prerequisites: a C compiler, make, uthash (uthash-dev) and the CUDA headers
+# (CUDA_HOME); the targets below install the Debian packages they miss when
+# run as root, otherwise they print the command.
 #
-#   make                 build build/libipccache.so
+#   make                 build build/libipccache.so and build/ipccache-config
+#   make help            this list
 #   make test            run the test suite (no GPU needed)
 #   make test-sanitize   the same under ASan + UBSan
+#   make test-aarch64    the aarch64 build, its checks run under qemu-user
+#   make check-exports   the library exports only the intercepted names
 #   make test-gpu        prove it on a real GPU (says so when there is none)
 #   make bench           benchmarks on a real GPU
 #   make demo            show the main job (simulated without a GPU)
+#   make wheel           build/dist/ipccache-*.whl (pip install it)
 #   make install         PREFIX=/usr/local DESTDIR=
+#   make uninstall       remove what make install put there, and the folders it made
+#   make clean           remove build/
 
 CUDA_HOME ?= /usr/local/cuda
 PREFIX    ?= /usr/local
@@ -33,6 +42,9 @@ $(error ipccache supports x86_64 and aarch64; $(CC) targets $(ARCH))
 endif
 SHIM_OBJ = $(SHIM_SRC:%.c=$(BUILD)/%.o) $(TRAMPOLINE)
 LIB      = $(BUILD)/libipccache.so
+CONFIG_TOOL = $(BUILD)/ipccache-config
+# What ships (library, ipccache-config) is bound to old glibc symbol versions.
+FLOOR    = -include shim/glibc_floor.h
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
 FAKE       = $(BUILD)/tests/libcuda.so.1
@@ -42,14 +54,25 @@ E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c tests/test_ghost.c, \
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan \
              $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer
+INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
+              $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
-.PHONY: all test run-tests test-sanitize test-aarch64 test-gpu bench demo install uninstall clean check-exports
+.PHONY: all help prereqs test run-tests test-sanitize test-aarch64 test-gpu bench demo wheel \
+        install uninstall clean check-exports
 
-all: $(LIB)
+all: $(LIB) $(CONFIG_TOOL)
 
-$(BUILD)/shim/%.o: shim/%.c shim/internal.h shim/ledger.h
+help:
+	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
+
+# The same check as make test, for the build alone: installs uthash when run
+# as root, else prints the apt-get command and stops.
+prereqs:
+	@bash tests/setup.sh build
+
+$(BUILD)/shim/%.o: shim/%.c shim/internal.h shim/ledger.h shim/glibc_floor.h | prereqs
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(FLOOR) -c $< -o $@
 
 $(BUILD)/shim/dlsym_%.o: shim/dlsym_%.S
 	@mkdir -p $(@D)
@@ -61,6 +84,14 @@ $(LIB): $(SHIM_OBJ) shim/ipccache.map
 	    -Wl,--version-script=shim/ipccache.map -Wl,-Bsymbolic-functions -Wl,-z,now \
 	    -ldl -lpthread
 
+# The library's settings parser as a command (ipccache-run checks with it).
+# Static: it then runs on any glibc (an executable's start-up code needs the
+# glibc it was linked with) and needs no library at all.
+$(CONFIG_TOOL): tools/ipccache_config.c shim/config.c shim/log.c shim/internal.h | prereqs
+	@mkdir -p $(@D)
+	$(CC) $(filter-out -fsanitize=% -fno-sanitize-recover=%,$(ALL_CFLAGS)) -static -o $@ \
+	    tools/ipccache_config.c shim/config.c shim/log.c
+
 # ---- tests ------------------------------------------------------------------
 
 $(FAKE): tests/fake_cuda.c tests/fake_cuda.h
@@ -69,12 +100,13 @@ $(FAKE): tests/fake_cuda.c tests/fake_cuda.h
 	    -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $< -lpthread
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
-# The table, the settings parser and the ledger, tested alone: no CUDA, no preload.
+# The table, the settings parser and the ledger, tested alone: no CUDA, no
+# preload. calloc is wrapped so that a test can make the table's allocations fail.
 $(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c $(LEDGER_SRC) \
                           shim/internal.h shim/ledger.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c $(LEDGER_SRC) $(TEST_LIBS)
+	    shim/log.c $(LEDGER_SRC) -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
@@ -88,8 +120,19 @@ $(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h $(LIB) $(FAKE) \
 	    -Wl,--no-as-needed -lipccache -lnext1 -lnext2 -lcuda -Wl,--as-needed \
 	    -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
+# Another interposer of the IPC calls, preloaded next to ipccache: it finds
+# the next function by RTLD_NEXT, through the driver's handle (_handle) or
+# the linked resolver (_getproc); _resolver hooks cuGetProcAddress instead
+# of exporting the IPC names.
+$(BUILD)/tests/libinterposer_%.so: tests/interposer_lib.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden \
+	    -I$(CUDA_HOME)/include $(SANITIZE) $(if $(filter handle,$*),-DLOOKUP_HANDLE) \
+	    $(if $(filter getproc,$*),-DLOOKUP_RESOLVER) \
+	    $(if $(filter resolver,$*),-DHOOK_RESOLVER) -o $@ $< -ldl
+
 # Runs probe under LD_PRELOAD in fresh processes.
-$(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe
+$(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe $(INTERPOSERS)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/test_process.c $(TEST_LIBS)
 
 # RTLD_NEXT identity without Criterion (architectures tested under emulation).
@@ -120,11 +163,13 @@ test:
 	@bash tests/setup.sh
 	@$(MAKE) --no-print-directory run-tests
 
-run-tests: $(LIB) $(FAKE) $(TEST_BINS)
+run-tests: $(LIB) $(CONFIG_TOOL) $(FAKE) $(TEST_BINS)
 	@bash tests/run.sh $(BUILD)
 
+# The tools use the plain build/ipccache-config: built first.
 test-sanitize:
 	@bash tests/setup.sh
+	@$(MAKE) --no-print-directory build/ipccache-config
 	@$(MAKE) --no-print-directory BUILD=build/sanitize \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    run-tests
@@ -135,7 +180,8 @@ test-aarch64:
 	@bash tests/setup.sh aarch64
 	@$(MAKE) --no-print-directory CC=aarch64-linux-gnu-gcc BUILD=$(AARCH64_BUILD) \
 	    $(AARCH64_BUILD)/libipccache.so $(AARCH64_BUILD)/tests/libcuda.so.1 \
-	    $(AARCH64_BUILD)/tests/probe $(AARCH64_BUILD)/tests/rtld_next_check
+	    $(AARCH64_BUILD)/tests/probe $(AARCH64_BUILD)/tests/rtld_next_check \
+	    $(INTERPOSERS:$(BUILD)/%=$(AARCH64_BUILD)/%)
 	@bash tests/test_aarch64.sh $(AARCH64_BUILD)
 
 check-exports: $(LIB)
@@ -152,17 +198,36 @@ bench: | $(LIB)
 demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
 	@IPCCACHE_LIB=$(abspath $(LIB)) BUILD=$(BUILD) bash tools/demo.sh
 
+# ---- packages -----------------------------------------------------------------
+
+# pyproject.toml: hatchling runs this Makefile (BUILD=build/wheel-<arch>) and tags
+# the wheel from the glibc versions the library really needs.
+wheel: | prereqs
+	python3 -m pip wheel --no-deps --wheel-dir $(BUILD)/dist .
+
 # ---- install ------------------------------------------------------------------
 
-install: $(LIB)
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man7
-	install -m 0755 $(LIB) $(DESTDIR)$(PREFIX)/lib/libipccache.so
-	install -m 0755 tools/ipccache-run tools/ipccache-stats $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 tools/ipccache.7 $(DESTDIR)$(PREFIX)/share/man/man7/ipccache.7
+# Files installed, relative to PREFIX; the folders install makes are listed
+# in share/ipccache/folders so that uninstall removes only those.
+INSTALL_DIRS = lib bin share share/man share/man/man7 share/ipccache
+DEST         = $(DESTDIR)$(PREFIX)
+FOLDERS      = $(DEST)/share/ipccache/folders
+
+install: $(LIB) $(CONFIG_TOOL)
+	@made=; for d in $(INSTALL_DIRS); do [ -d "$(DEST)/$$d" ] || made="$$made $$d"; done; \
+	    install -d $(addprefix $(DEST)/,$(INSTALL_DIRS)) && \
+	    if [ -n "$$made" ] || [ ! -f "$(FOLDERS)" ]; then printf '%s\n' $$made > "$(FOLDERS)"; fi
+	install -m 0755 $(LIB) $(DEST)/lib/libipccache.so
+	install -m 0755 tools/ipccache-run tools/ipccache-stats $(CONFIG_TOOL) $(DEST)/bin/
+	install -m 0644 tools/ipccache.7 $(DEST)/share/man/man7/ipccache.7
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/lib/libipccache.so $(DESTDIR)$(PREFIX)/bin/ipccache-run \
-	    $(DESTDIR)$(PREFIX)/bin/ipccache-stats $(DESTDIR)$(PREFIX)/share/man/man7/ipccache.7
+	rm -f $(DEST)/lib/libipccache.so $(DEST)/bin/ipccache-run $(DEST)/bin/ipccache-stats \
+	    $(DEST)/bin/ipccache-config $(DEST)/share/man/man7/ipccache.7
+	@if [ -f "$(FOLDERS)" ]; then \
+	    made=$$(tac "$(FOLDERS)"); rm -f "$(FOLDERS)"; \
+	    for d in $$made; do rmdir "$(DEST)/$$d" 2>/dev/null || true; done; \
+	fi
 
 clean:
 	rm -rf build

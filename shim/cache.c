@@ -5,6 +5,10 @@
  * lock). Two indexes over the same entries, both uthash:
  *   by_key  (context id, handle, flags) -> entry   used by opens
  *   by_ptr  (context id, device pointer) -> entry  used by closes
+ * One entry per mapping, holding exactly one driver reference. When the
+ * driver returns a mapping we hold for a second handle byte string (two
+ * exports of one allocation), that key becomes an alias of the entry
+ * (by_alias), looked up only when by_key misses.
  * Entries with no reference sit on an LRU list (oldest first) so that
  * eviction closes the mapping idle the longest.
  *
@@ -53,20 +57,32 @@ struct ptr_key {
 _Static_assert(KEY_BYTES % 8 == 0, "hash_words reads whole words");
 _Static_assert(sizeof(struct ptr_key) % 8 == 0, "hash_words reads whole words");
 
+struct ipcc_alias;
+
 struct ipcc_entry {
     struct ipcc_key key;
     struct ptr_key pkey;
     void *ctx;
     uint64_t bytes;
-    uint64_t refs;
+    uint64_t refs;                      /* the application's, all keys together */
     int top_slot;                       /* -1: not mirrored */
     struct ipcc_entry *prev, *next;     /* LRU, only while idle */
+    struct ipcc_alias *aliases;         /* other keys of this mapping */
     UT_hash_handle hh_key, hh_ptr;
+};
+
+/* Another key that the driver answered with an entry's mapping. */
+struct ipcc_alias {
+    struct ipcc_key key;
+    struct ipcc_entry *entry;
+    struct ipcc_alias *next;            /* the entry's next alias */
+    UT_hash_handle hh;
 };
 
 struct ipcc_cache {
     struct ipcc_entry *by_key;
     struct ipcc_entry *by_ptr;
+    struct ipcc_alias *by_alias;
     struct ipcc_entry *lru;             /* head = least recently used */
     struct ipcc_cache_gauges gauges;
     struct ipcc_top_slot top[IPCC_TOP_SLOTS];
@@ -131,11 +147,18 @@ static void top_update(struct ipcc_cache *c, const struct ipcc_entry *e, int hit
     slot_store(&s->refs, e->refs);
 }
 
-/* Take an entry off both indexes and the gauges; the caller frees it. */
+/* Take an entry off every index and the gauges, freeing its aliases; the
+ * caller frees the entry. */
 static void unlink_entry(struct ipcc_cache *c, struct ipcc_entry *e)
 {
     HASH_DELETE(hh_key, c->by_key, e);
     HASH_DELETE(hh_ptr, c->by_ptr, e);
+    while (e->aliases) {
+        struct ipcc_alias *a = e->aliases;
+        e->aliases = a->next;
+        HASH_DELETE(hh, c->by_alias, a);
+        free(a);
+    }
     if (e->refs == 0) {
         DL_DELETE(c->lru, e);
         gauge_sub(&c->gauges.idle, 1);
@@ -204,31 +227,72 @@ void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id, const void *handle,
     k->hash = hash_words(k, KEY_BYTES);
 }
 
-/* On a hit takes one reference, stores the mapping's pointer in *dptr and
- * returns 1; returns 0 on a miss and leaves *dptr alone. */
-int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k, uint64_t *dptr)
+/* The entry a key names, directly or as an alias; NULL if none. */
+static struct ipcc_entry *find_key(struct ipcc_cache *c, const struct ipcc_key *k)
 {
     struct ipcc_entry *e;
     HASH_FIND_BYHASHVALUE(hh_key, c->by_key, k, KEY_BYTES, k->hash, e);
-    if (!e)
-        return 0;
+    if (e || !c->by_alias)
+        return e;
+    struct ipcc_alias *a;
+    HASH_FIND_BYHASHVALUE(hh, c->by_alias, k, KEY_BYTES, k->hash, a);
+    return a ? a->entry : NULL;
+}
+
+static void take_ref(struct ipcc_cache *c, struct ipcc_entry *e)
+{
     if (e->refs++ == 0) {
         DL_DELETE(c->lru, e);
         gauge_sub(&c->gauges.idle, 1);
         gauge_sub(&c->gauges.idle_bytes, e->bytes);
         gauge_add(&c->gauges.live, 1);
     }
+}
+
+/* On a hit takes one reference, stores the mapping's pointer in *dptr and
+ * returns 1; returns 0 on a miss and leaves *dptr alone. */
+int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k, uint64_t *dptr)
+{
+    struct ipcc_entry *e = find_key(c, k);
+    if (!e)
+        return 0;
+    take_ref(c, e);
     top_update(c, e, 1);
     *dptr = e->pkey.dptr;
     return 1;
 }
 
+/* Records k as another key of e, with one reference: 0, or -1 when out of
+ * memory (nothing recorded). */
+static int add_alias(struct ipcc_cache *c, struct ipcc_entry *e, const struct ipcc_key *k)
+{
+    struct ipcc_alias *a = calloc(1, sizeof(*a));
+    if (!a)
+        return -1;
+    a->key = *k;
+    a->entry = e;
+    ipcc_cache_oom = 0;
+    HASH_ADD_BYHASHVALUE(hh, c->by_alias, key, KEY_BYTES, k->hash, a);
+    if (ipcc_cache_oom) {
+        free(a);
+        return -1;
+    }
+    a->next = e->aliases;
+    e->aliases = a;
+    take_ref(c, e);
+    top_update(c, e, 0);
+    return 0;
+}
+
 /*
  * Records a mapping the caller has just opened, with one reference.
- * Returns 1 when inserted. Returns 0 when the key is already cached (another
- * thread's miss won the race): a reference is taken on that entry instead,
- * its pointer goes to *cached_dptr, and the caller must drop the driver
- * reference it holds itself. Returns -1 when out of memory (nothing cached).
+ * Returns 1 when inserted. Returns 0 when the mapping is already cached -
+ * under this key (another thread's miss won the race) or under another key
+ * whose handle the driver resolved to the same mapping (k becomes its
+ * alias): a reference is taken on that entry instead, its pointer goes to
+ * *cached_dptr, and the caller must drop the driver reference it holds
+ * itself, since an entry holds exactly one. Returns -1 when out of memory
+ * (nothing cached).
  */
 int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
                       uint64_t dptr, uint64_t bytes, uint64_t now_ns,
@@ -236,13 +300,19 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
 {
     if (ipcc_cache_acquire(c, k, cached_dptr))
         return 0;
+    struct ptr_key pk = { .ctx_id = k->ctx_id, .dptr = dptr };
+    struct ipcc_entry *e;
+    HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
+    if (e) {
+        *cached_dptr = dptr;
+        return add_alias(c, e, k);
+    }
 
-    struct ipcc_entry *e = calloc(1, sizeof(*e));
+    e = calloc(1, sizeof(*e));
     if (!e)
         return -1;
     e->key = *k;
-    e->pkey.ctx_id = k->ctx_id;
-    e->pkey.dptr = dptr;
+    e->pkey = pk;
     e->ctx = ctx;
     e->bytes = bytes;
     e->refs = 1;
@@ -265,7 +335,10 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
 }
 
 /* Drops one reference of the mapping at dptr in context ctx_id. At zero the
- * entry stays cached, idle, at the most-recent end of the LRU list. */
+ * entry stays cached, idle, at the most-recent end of the LRU list. A close
+ * of an idle entry (past zero) removes it: the application closes a
+ * reference it took outside the cache (or none), so the caller gives the
+ * cache's own reference back and lets the driver answer the close. */
 enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_id,
                                             uint64_t dptr)
 {
@@ -274,8 +347,11 @@ enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_i
     HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
     if (!e)
         return IPCC_RELEASE_NOT_FOUND;
-    if (e->refs == 0)
+    if (e->refs == 0) {
+        unlink_entry(c, e);
+        free(e);
         return IPCC_RELEASE_PAST_ZERO;
+    }
     if (--e->refs == 0) {
         DL_APPEND(c->lru, e);
         gauge_sub(&c->gauges.live, 1);

@@ -182,34 +182,46 @@ static int set_stats_dir(const char *s)
     return 0;
 }
 
-struct setting {
-    const char *name;
-    int (*set)(const char *value);
-    const char *expect;
+static int set_strict(const char *s) { return ipcc_parse_bool(s, &ipcc_config.strict); }
+
+/* The one list of settings: the library loads it; ipccache-config checks
+ * values against it and prints it (the README's table is generated from it). */
+static const struct ipcc_setting settings[] = {
+    { "IPCCACHE_DISABLE", set_disable, "a boolean (1/0, true/false, yes/no, on/off)", "0",
+      "1/true/yes/on: pure pass-through, nothing cached, no handler." },
+    { "IPCCACHE_MAX_IDLE_BYTES", set_idle_bytes, "a size such as 8G, 512M or 1048576", "8G",
+      "Most bytes kept mapped with no reference; past it the least recently used idle mappings"
+      " are really closed. Suffixes K, M, G, T (powers of 1024). 0 keeps nothing idle." },
+    { "IPCCACHE_MAX_IDLE_ENTRIES", set_idle_entries, "a non-negative integer", "256",
+      "Most idle mappings kept; same eviction." },
+    { "IPCCACHE_LOG", set_log, "one of error, warn, info, debug", "warn",
+      "error, warn, info (adds one start-up line per process that uses IPC), debug." },
+    { "IPCCACHE_STATS_FILE", set_stats_file, "a path (%p expands to the pid)", "",
+      "File the stats lines are appended to; %p becomes the pid, %% a percent sign. Unset: the"
+      " request file of ipccache-stats if it exists, else stderr." },
+    { "IPCCACHE_STATS_DIR", set_stats_dir, "an absolute directory path", "/tmp",
+      "Where ipccache-stats leaves ipccache-<pid>.stats to ask a process without a stats file"
+      " for its line." },
+    { "IPCCACHE_STATS_SIGNAL", set_signal, "a signal name or number, 0 for none", "SIGUSR1",
+      "Signal that makes the process write its stats line: a name (USR2, SIGUSR2, RTMIN+3) or"
+      " number; 0 installs no handler." },
+    { "IPCCACHE_STATS_AT_EXIT", set_at_exit, "a boolean", "0",
+      "Also write a stats line at normal exit." },
+    { "IPCCACHE_RELEASE_WAIT_MS", set_release_wait, "milliseconds from 0 to 60000", "100",
+      "How long an exporter's free of memory it exported waits for importers to close their idle"
+      " mappings of it. A stopped or stuck importer costs this much once per free." },
+    { "IPCCACHE_STRICT", set_strict, "a boolean", "0",
+      "A bad value in any setting stops the process (exit status 78) instead of warning." },
 };
 
-static const struct setting settings[] = {
-    { "IPCCACHE_DISABLE", set_disable, "a boolean (1/0, true/false, yes/no, on/off)" },
-    { "IPCCACHE_MAX_IDLE_BYTES", set_idle_bytes, "a size such as 8G, 512M or 1048576" },
-    { "IPCCACHE_MAX_IDLE_ENTRIES", set_idle_entries, "a non-negative integer" },
-    { "IPCCACHE_LOG", set_log, "one of error, warn, info, debug" },
-    { "IPCCACHE_STATS_FILE", set_stats_file, "a path (%p expands to the pid)" },
-    { "IPCCACHE_STATS_DIR", set_stats_dir, "an absolute directory path" },
-    { "IPCCACHE_STATS_SIGNAL", set_signal, "a signal name or number, 0 for none" },
-    { "IPCCACHE_STATS_AT_EXIT", set_at_exit, "a boolean" },
-    { "IPCCACHE_RELEASE_WAIT_MS", set_release_wait, "milliseconds from 0 to 60000" },
-};
-
-/* Strict mode is read first: it decides what a bad value in the others means. */
-static void load_strict(void)
+const struct ipcc_setting *ipcc_config_table(size_t *count)
 {
-    const char *v = getenv("IPCCACHE_STRICT");
-    if (v && ipcc_parse_bool(v, &ipcc_config.strict) < 0)
-        ipcc_log(IPCC_LOG_WARN, "IPCCACHE_STRICT=\"%s\" is not a boolean; using 0", v);
+    *count = sizeof(settings) / sizeof(settings[0]);
+    return settings;
 }
 
 /* Keeps a copy of the default so a failed parse cannot leave half a value. */
-static void load_one(const struct setting *st)
+static void load_one(const struct ipcc_setting *st)
 {
     const char *v = getenv(st->name);
     if (!v)
@@ -227,17 +239,21 @@ static void load_one(const struct setting *st)
              st->name, v, st->expect);
 }
 
-/* Called once, from the first intercepted IPC call. IPCCACHE_LOG goes first
- * so that it governs the messages about the other settings. */
+/* IPCCACHE_STRICT goes first: it decides what a bad value in the others
+ * means (a bad IPCCACHE_STRICT itself only warns). IPCCACHE_LOG goes next
+ * so that it governs the messages about the rest. */
+static int load_rank(const struct ipcc_setting *st)
+{
+    return st->set == set_strict ? 0 : st->set == set_log ? 1 : 2;
+}
+
+/* Called once, from the first intercepted IPC call. */
 void ipcc_config_load(void)
 {
-    load_strict();
-    for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
-        if (settings[i].set == set_log)
-            load_one(&settings[i]);
-    for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
-        if (settings[i].set != set_log)
-            load_one(&settings[i]);
+    for (int rank = 0; rank < 3; rank++)
+        for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
+            if (load_rank(&settings[i]) == rank)
+                load_one(&settings[i]);
 }
 
 /* The resolver and dlsym consult this before the full load: a quiet reading

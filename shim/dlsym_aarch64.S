@@ -3,7 +3,7 @@
  *
  * Same contract as dlsym_x86_64.S: glibc reads the caller's return address
  * (x30 on entry) to decide what RTLD_NEXT means, so after asking
- * ipcc_dlsym_hook(handle, name) we either return its answer or restore x0,
+ * ipcc_dlsym_hook(handle, name, x30) we either return its answer or restore x0,
  * x1 and x30 exactly as the caller left them and branch - not branch with
  * link - to the real dlsym.
  */
@@ -24,6 +24,7 @@ dlsym:
     .cfi_offset 30, -24
     mov     x29, sp
     stp     x0, x1, [sp, #16]
+    mov     x2, x30                  /* who is asking */
     bl      ipcc_dlsym_hook
     cbnz    x0, 1f
     ldp     x0, x1, [sp, #16]

@@ -4,9 +4,10 @@
  * glibc decides what RTLD_NEXT means from the return address of whoever
  * called dlsym. A C wrapper that calls the real dlsym would make every
  * RTLD_NEXT lookup in the process relative to this library. So: ask
- * ipcc_dlsym_hook(handle, name) whether the name is one we wrap; if it
- * returns a pointer, return that; otherwise restore the arguments and the
- * stack exactly as the caller left them and jump to the real dlsym.
+ * ipcc_dlsym_hook(handle, name, caller's return address) whether the name
+ * is one we wrap; if it returns a pointer, return that; otherwise restore
+ * the arguments and the stack exactly as the caller left them and jump to
+ * the real dlsym.
  * Written in assembly because C cannot promise a tail jump.
  */
 #if defined(__x86_64__)
@@ -20,6 +21,7 @@ dlsym:
 #if defined(__CET__)
     endbr64
 #endif
+    movq    (%rsp), %rdx             /* who is asking */
     pushq   %rdi
     .cfi_adjust_cfa_offset 8
     pushq   %rsi

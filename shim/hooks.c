@@ -81,12 +81,13 @@ IPCC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 /* ---- the resolver ------------------------------------------------------- */
 
 /* Substitutes only on a clean success: a failure, a not-found or too-new
- * status, or a NULL pointer goes back to the caller untouched. */
+ * status, or a NULL pointer goes back to the caller untouched. The caller's
+ * address tells resolve.c whether an interposer below us is asking. */
 static void substitute(const char *symbol, void **pfn, int version,
-                       const CUdriverProcAddressQueryResult *status)
+                       const CUdriverProcAddressQueryResult *status, const void *caller)
 {
     if (pfn && *pfn && (!status || *status == CU_GET_PROC_ADDRESS_SUCCESS))
-        *pfn = ipcc_resolve_substitute(symbol, version, *pfn);
+        *pfn = ipcc_resolve_substitute(symbol, version, *pfn, caller);
 }
 
 IPCC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
@@ -97,7 +98,7 @@ IPCC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int versio
         return NO_DRIVER;
     CUresult rc = real(symbol, pfn, version, flags);
     if (rc == CUDA_SUCCESS)
-        substitute(symbol, pfn, version, NULL);
+        substitute(symbol, pfn, version, NULL, __builtin_return_address(0));
     return rc;
 }
 
@@ -110,7 +111,7 @@ IPCC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
         return NO_DRIVER;
     CUresult rc = real(symbol, pfn, version, flags, status);
     if (rc == CUDA_SUCCESS)
-        substitute(symbol, pfn, version, status);
+        substitute(symbol, pfn, version, status, __builtin_return_address(0));
     return rc;
 }
 

@@ -40,7 +40,8 @@ struct ipcc_entry;
 enum ipcc_release_result {
     IPCC_RELEASE_NOT_FOUND,  /* not ours: the driver must answer */
     IPCC_RELEASE_OK,         /* one reference dropped */
-    IPCC_RELEASE_PAST_ZERO,  /* already idle: the driver would say INVALID_VALUE */
+    IPCC_RELEASE_PAST_ZERO,  /* was idle: removed; the cache's reference must be
+                              * closed and the close passed to the driver */
 };
 
 /* An entry removed from the table whose mapping the caller must really close
@@ -127,6 +128,16 @@ IPCC_HIDDEN int ipcc_parse_count(const char *s, uint64_t *out);
 IPCC_HIDDEN int ipcc_parse_signal(const char *s, int *out);
 IPCC_HIDDEN int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out);
 
+/* One IPCCACHE_* variable: its parser (0 or -1) and its documentation. */
+struct ipcc_setting {
+    const char *name;
+    int (*set)(const char *value);
+    const char *expect;        /* completes "expected ..." */
+    const char *default_text;  /* as the variable would spell it; "" means unset */
+    const char *meaning;
+};
+IPCC_HIDDEN const struct ipcc_setting *ipcc_config_table(size_t *count);
+
 /* ---- log.c --------------------------------------------------------------- */
 
 IPCC_HIDDEN void ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
@@ -182,7 +193,7 @@ struct ipcc_driver {
 IPCC_HIDDEN const struct ipcc_driver *ipcc_driver(void);
 IPCC_HIDDEN void *ipcc_real(int slot);
 IPCC_HIDDEN extern void *(*ipcc_real_dlsym)(void *, const char *);
-IPCC_HIDDEN void *ipcc_dlsym_hook(void *handle, const char *name);
+IPCC_HIDDEN void *ipcc_dlsym_hook(void *handle, const char *name, const void *caller);
 
 /* Slots of the hook table; resolve.c owns the table, hooks.c the wrappers. */
 enum ipcc_slot {
@@ -213,7 +224,8 @@ struct ipcc_hook {
 };
 
 IPCC_HIDDEN extern struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT];
-IPCC_HIDDEN void *ipcc_resolve_substitute(const char *symbol, int version, void *real);
+IPCC_HIDDEN void *ipcc_resolve_substitute(const char *symbol, int version, void *real,
+                                         const void *caller);
 
 /* ---- mappings.c: open and close through the cache ----------------------- */
 
@@ -240,6 +252,7 @@ IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);
 
 IPCC_HIDDEN void ipcc_lock(void);
 IPCC_HIDDEN void ipcc_unlock(void);
+IPCC_HIDDEN int ipcc_lock_try(void);
 IPCC_HIDDEN void ipcc_lock_reset(void);
 
 /* ---- the release ledger: exporters' frees reach importers' idle mappings --

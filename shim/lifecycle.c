@@ -48,11 +48,19 @@ static void after_fork_child(void)
 
 /* Registered at the first IPC call, hence after cudart's own exit handler,
  * hence run before it tears the driver down. If the driver is gone anyway,
- * the closes fail quietly. */
+ * the closes fail quietly; it cannot be unmapped (resolve.c pins it).
+ *
+ * exit() may come from a signal handler that interrupted this thread inside
+ * the table lock, the table half-updated: then the release is skipped, as
+ * when another thread keeps the lock. The driver unmaps everything when the
+ * process ends anyway; the release only hands memory back sooner. */
 static void at_exit(void)
 {
     if (ipcc_config.stats_at_exit)
         ipcc_stats_write_line();
+    if (!ipcc_lock_try())
+        return;
+    ipcc_unlock(); /* free now: the release takes it a batch at a time */
     ipcc_release_all_idle();
 }
 

@@ -10,23 +10,54 @@
  * throughput with 8 threads on one handle; against a test-and-set spinlock,
  * 3x (results/2026-11-29-h200-quick/locks.txt).
  *
- * Never held across a driver call; never taken in a signal handler.
+ * Never held across a driver call; never taken in a signal handler. Exit may
+ * run inside one (a handler that calls exit()), so the exit path only tries.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 
 #include "internal.h"
 
+/* How often the exit path tries before it gives up on a lock another thread
+ * holds; critical sections are a hash lookup, so a few yields suffice. */
+#define EXIT_TRIES 100
+
 static pthread_mutex_t table_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
+
+/* Whether this thread holds the lock: exit() from a signal handler may run
+ * on a thread interrupted inside a critical section. */
+static __thread int held_here __attribute__((tls_model("initial-exec")));
 
 void ipcc_lock(void)
 {
     pthread_mutex_lock(&table_lock);
+    held_here = 1;
 }
 
 void ipcc_unlock(void)
 {
+    held_here = 0;
     pthread_mutex_unlock(&table_lock);
+}
+
+/* Takes the lock without waiting on it: 0 if this thread may hold it
+ * already, or another thread kept it through every try. For exit, which
+ * must never block. */
+int ipcc_lock_try(void)
+{
+    if (held_here)
+        return 0;
+    for (int i = 0; i < EXIT_TRIES; i++) {
+        /* Busy too when this thread was interrupted between taking the
+         * mutex and marking it: the tries then run out. */
+        if (pthread_mutex_trylock(&table_lock) == 0) {
+            held_here = 1;
+            return 1;
+        }
+        sched_yield();
+    }
+    return 0;
 }
 
 /* Fork child: the holder, if any, was another thread and is gone (the
@@ -35,4 +66,5 @@ void ipcc_lock_reset(void)
 {
     static const pthread_mutex_t fresh = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
     table_lock = fresh;
+    held_here = 0;
 }

@@ -22,16 +22,26 @@ typedef CUresult (*close_fn)(CUdeviceptr);
 
 /* ---- contexts ----------------------------------------------------------- */
 
+/* Said once, the first time a call finds no context ids. */
+static void say_no_context_ids(void)
+{
+    static _Atomic int said;
+    if (!atomic_exchange_explicit(&said, 1, memory_order_relaxed))
+        ipcc_log(IPCC_LOG_INFO, "the driver has no cuCtxGetId (CUDA before 12.0); "
+                                "nothing is cached, every call goes to the driver");
+}
+
 /* A context's identity for the key. cuCtxGetId (driver >= 12.0) is unique
  * for the life of the process, so a new context at a dead one's address, or
- * a reset primary context, never matches old entries. Older drivers: the
- * address, made safe by dropping entries when contexts are torn down. */
+ * a reset primary context, never matches old entries. Without it a context
+ * cannot be told from its successor at the same address, so nothing is
+ * cached (-1: the caller passes the call through). */
 int ipcc_context_id(void *ctx, uint64_t *id)
 {
     const struct ipcc_driver *d = ipcc_driver();
     if (!d->ctx_get_id) {
-        *id = (uint64_t)(uintptr_t)ctx;
-        return 0;
+        say_no_context_ids();
+        return -1;
     }
     unsigned long long v;
     if (d->ctx_get_id(ctx, &v) != CUDA_SUCCESS)
@@ -125,9 +135,10 @@ static uint64_t mapping_bytes(uint64_t dptr)
     return size;
 }
 
-/* Not cached: map for real, then record the mapping. If another thread's
- * miss on the same key got in first, share its entry and give back the
- * driver reference this call took. */
+/* Not cached: map for real, then record the mapping. If the table already
+ * holds that mapping (another thread's miss on the same key got in first, or
+ * another handle the driver resolved to the same pointer), share its entry
+ * and give back the driver reference this call took: an entry holds one. */
 static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
                           CUdeviceptr *pdptr, CUipcMemHandle h, unsigned flags)
 {
@@ -224,9 +235,12 @@ int ipcc_close(uint64_t dptr)
     case IPCC_RELEASE_NOT_FOUND:
         return passthrough_close(real, (CUdeviceptr)dptr);
     case IPCC_RELEASE_PAST_ZERO:
-        /* The driver would have unmapped at zero and now not know dptr. */
+        /* Every reference cached opens took is closed: this one is the
+         * application's own (opened past the cache) or none. The entry is
+         * gone; give its reference back, then let the driver answer. */
         IPCC_COUNT(close_past_zero);
-        return count_result(CUDA_ERROR_INVALID_VALUE);
+        timed_real_close(real, (CUdeviceptr)dptr);
+        return count_result(real((CUdeviceptr)dptr));
     case IPCC_RELEASE_OK:
         break;
     }
@@ -263,10 +277,7 @@ void ipcc_sweep_dead_contexts(void)
     ipcc_unlock();
     for (size_t i = 0; i < n; i++) {
         uint64_t id;
-        int alive = ipcc_driver()->ctx_get_id
-                        ? ipcc_context_id(ctxs[i], &id) == 0 && id == ids[i]
-                        : 0; /* no way to tell: assume the worst */
-        if (!alive)
+        if (ipcc_context_id(ctxs[i], &id) < 0 || id != ids[i])
             ipcc_forget_context(ids[i]);
     }
 }

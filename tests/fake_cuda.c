@@ -84,6 +84,7 @@ static unsigned long long g_next_ctx_id = 1;
 static struct fprimary g_primary[MAX_DEVICES];
 static struct falloc g_alloc[MAX_ALLOCS];
 static uint64_t g_next_serial = 1;
+static uint64_t g_next_nonce = 1;
 static struct fmap *g_maps;
 static size_t g_nmaps, g_capmaps;
 static struct fakecuda_counters g_cnt;
@@ -357,8 +358,28 @@ CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
     return make_current(ctx, 0);
 }
 
-CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) { return make_current(ctx, 1); }
-CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) { return make_current(ctx, 1); }
+static void (*g_push_hook)(void *);
+static void *g_push_hook_arg;
+
+/* Runs (once) what fakecuda_on_next_push armed, unlocked, as if another
+ * thread had run it just before this push. */
+static void run_push_hook(void)
+{
+    lock();
+    void (*fn)(void *) = g_push_hook;
+    void *arg = g_push_hook_arg;
+    g_push_hook = NULL;
+    unlock();
+    if (fn) fn(arg);
+}
+
+CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    run_push_hook();
+    return make_current(ctx, 1);
+}
+
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
 
 CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
 {
@@ -371,10 +392,9 @@ CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
 
 CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 
-CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *id)
+static CUresult ctx_get_id(CUcontext ctx, unsigned long long *id)
 {
     CHECK_DEINIT();
-    if (no_ctxgetid()) return CUDA_ERROR_NOT_SUPPORTED; /* a pre-12.0 driver */
     if (!id) return CUDA_ERROR_INVALID_VALUE;
     lock();
     int s = ctx ? slot_of(ctx) : current_slot();
@@ -382,6 +402,18 @@ CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *id)
     unlock();
     return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
+
+/* A pre-12.0 driver has no cuCtxGetId at all. With FAKECUDA_NO_CTXGETID=1 the
+ * exported name is an indirect function whose resolver finds nothing, so
+ * dlsym returns NULL for it, as on such a driver (the resolver runs at each
+ * lookup, so the setting may change before the first one). */
+typedef CUresult (*ctx_get_id_fn)(CUcontext, unsigned long long *);
+static ctx_get_id_fn find_ctx_get_id(void)
+{
+    return no_ctxgetid() ? NULL : ctx_get_id;
+}
+CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *id)
+    __attribute__((ifunc("find_ctx_get_id")));
 
 CUresult CUDAAPI cuCtxGetDevice(CUdevice *dev)
 {
@@ -500,13 +532,35 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 
 /* ---- IPC handles and mappings ---- */
 
-static void make_handle(CUipcMemHandle *out, uint64_t pid, uint64_t serial, uint64_t bytes)
+/*
+ * A handle uses all 64 bytes, as a real one may, so a cache that keys on part
+ * of it is caught:
+ *   0-7 magic, 8-15 exporter pid, 16-23 size,
+ *   24-31 a per-export nonce, ignored for identity (two exports of one
+ *         allocation are two byte strings for one mapping),
+ *   32-39 allocation serial, 40-63 three check words over pid, serial, size
+ *         (a handle whose check words do not match is refused).
+ */
+static uint64_t check_word(uint64_t pid, uint64_t serial, uint64_t bytes, int i)
 {
-    memset(out, 0, sizeof *out);
+    uint64_t h = (pid * 0x9e3779b97f4a7c15ULL) ^ (serial + 0x632be59bd9b4e019ULL * (uint64_t)(i + 1)) ^
+                 (bytes << (8 * i + 1));
+    h ^= h >> 31;
+    return h * 0xbf58476d1ce4e5b9ULL;
+}
+
+static void make_handle(CUipcMemHandle *out, uint64_t pid, uint64_t serial, uint64_t bytes,
+                        uint64_t nonce)
+{
     memcpy(out->reserved, FAKECUDA_HANDLE_MAGIC, 8);
     memcpy(out->reserved + 8, &pid, 8);
-    memcpy(out->reserved + 16, &serial, 8);
-    memcpy(out->reserved + 24, &bytes, 8);
+    memcpy(out->reserved + 16, &bytes, 8);
+    memcpy(out->reserved + 24, &nonce, 8);
+    memcpy(out->reserved + 32, &serial, 8);
+    for (int i = 0; i < 3; i++) {
+        uint64_t w = check_word(pid, serial, bytes, i);
+        memcpy(out->reserved + 40 + 8 * i, &w, 8);
+    }
 }
 
 /* Also rejects the all-zero handle, whose magic is wrong. */
@@ -514,8 +568,13 @@ static int parse_handle(const CUipcMemHandle *h, uint64_t *pid, uint64_t *serial
 {
     if (memcmp(h->reserved, FAKECUDA_HANDLE_MAGIC, 8) != 0) return 0;
     memcpy(pid, h->reserved + 8, 8);
-    memcpy(serial, h->reserved + 16, 8);
-    memcpy(bytes, h->reserved + 24, 8);
+    memcpy(bytes, h->reserved + 16, 8);
+    memcpy(serial, h->reserved + 32, 8);
+    for (int i = 0; i < 3; i++) {
+        uint64_t w;
+        memcpy(&w, h->reserved + 40 + 8 * i, 8);
+        if (w != check_word(*pid, *serial, *bytes, i)) return 0;
+    }
     return 1;
 }
 
@@ -525,8 +584,8 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
     if (!h) return CUDA_ERROR_INVALID_VALUE;
     lock();
     int i = alloc_find(dptr, 1);
-    if (i >= 0)
-        make_handle(h, (uint64_t)getpid(), g_alloc[i].serial, g_alloc[i].size);
+    if (i >= 0) /* every export gets its own nonce */
+        make_handle(h, (uint64_t)getpid(), g_alloc[i].serial, g_alloc[i].size, g_next_nonce++);
     unlock();
     return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -717,7 +776,7 @@ static const struct {
     SYM("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     SYM("cuCtxPopCurrent", 2000, cuCtxPopCurrent),
     SYM("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
-    SYM("cuCtxGetId", 12000, cuCtxGetId),
+    SYM("cuCtxGetId", 12000, ctx_get_id),
     SYM("cuCtxGetDevice", 2000, cuCtxGetDevice),
     SYM("cuDevicePrimaryCtxRetain", 2000, cuDevicePrimaryCtxRetain),
     SYM("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
@@ -745,8 +804,9 @@ CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int version
     g_cnt.resolver_calls++;
     unlock();
     CHECK_DEINIT();
+    /* Arguments are checked before anything is written: on these errors
+     * *pfn keeps whatever the caller had there. */
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
-    *pfn = NULL;
     if (flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM || version > driver_version())
         return CUDA_ERROR_INVALID_VALUE;
     int known = 0, best = -1;
@@ -761,7 +821,7 @@ CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int version
     CUdriverProcAddressQueryResult st = !known ? CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
                                         : best < 0 ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
                                                    : CU_GET_PROC_ADDRESS_SUCCESS;
-    if (best >= 0) *pfn = g_syms[best].fn;
+    *pfn = best >= 0 ? g_syms[best].fn : NULL; /* a found-nothing answer is NULL */
     if (status) *status = st;
     return CUDA_SUCCESS;
 }
@@ -782,7 +842,13 @@ void fakecuda_get_counters(struct fakecuda_counters *out)
 
 void fakecuda_make_foreign_handle(CUipcMemHandle *out, uint64_t alloc_serial, uint64_t bytes)
 {
-    make_handle(out, (uint64_t)getpid() + 1, alloc_serial, bytes);
+    make_handle(out, (uint64_t)getpid() + 1, alloc_serial, bytes, 0);
+}
+
+void fakecuda_make_foreign_export(CUipcMemHandle *out, uint64_t alloc_serial, uint64_t bytes,
+                                  uint64_t nonce)
+{
+    make_handle(out, (uint64_t)getpid() + 1, alloc_serial, bytes, nonce);
 }
 
 int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr)
@@ -794,6 +860,21 @@ int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr)
     unlock();
     return refs;
 }
+
+void fakecuda_on_next_push(void (*fn)(void *arg), void *arg)
+{
+    lock();
+    g_push_hook = fn;
+    g_push_hook_arg = arg;
+    unlock();
+}
+
+CUresult fakecuda_ipc_open_direct(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned int flags)
+{
+    return ipc_open(pdptr, h, flags);
+}
+
+CUresult fakecuda_ipc_close_direct(CUdeviceptr dptr) { return cuIpcCloseMemHandle(dptr); }
 
 void fakecuda_deinit(void) { __atomic_store_n(&g_deinit, 1, __ATOMIC_RELEASE); }
 

@@ -5,6 +5,11 @@
  * ipccache's tests to run without a GPU, and counts what a real driver would
  * really have done (maps, unmaps) so tests can tell cache hits from driver
  * work.  Includable next to <cuda.h> in C (or C++) test files.
+ *
+ * FAKECUDA_NO_CTXGETID=1 plays a driver before 12.0: cuCtxGetId does not
+ * exist (dlsym and cuGetProcAddress find nothing). Read at each lookup, so a
+ * test may set it before its first one; a program linked against the
+ * stand-in must not call cuCtxGetId directly while it is set.
  */
 #ifndef IPCCACHE_TESTS_FAKE_CUDA_H
 #define IPCCACHE_TESTS_FAKE_CUDA_H
@@ -36,6 +41,11 @@ void fakecuda_get_counters(struct fakecuda_counters *out);
 void fakecuda_make_foreign_handle(CUipcMemHandle *out, uint64_t alloc_serial,
                                   uint64_t bytes);
 
+/* The same allocation as fakecuda_make_foreign_handle, exported again: the
+ * handle differs in its nonce bytes only, and opens the same mapping. */
+void fakecuda_make_foreign_export(CUipcMemHandle *out, uint64_t alloc_serial,
+                                  uint64_t bytes, uint64_t nonce);
+
 /* Driver-side refcount of the mapping at base dptr in ctx (NULL: the
  * calling thread's current context); 0 if there is none. */
 int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr);
@@ -43,6 +53,17 @@ int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr);
 /* From now on every driver call returns CUDA_ERROR_DEINITIALIZED, as after
  * cudart's exit-time teardown. */
 void fakecuda_deinit(void);
+
+/* The driver's IPC open and close under names no interposer hooks: what a
+ * library bound to the driver directly (RTLD_DEEPBIND, dlvsym) reaches. */
+CUresult fakecuda_ipc_open_direct(CUdeviceptr *pdptr, CUipcMemHandle h,
+                                  unsigned int flags);
+CUresult fakecuda_ipc_close_direct(CUdeviceptr dptr);
+
+/* Calls fn(arg) once, at the start of the next cuCtxPushCurrent{,_v2} (any
+ * thread), with no lock held: a test's way to change the world at exactly
+ * that moment, e.g. destroy a context and create one at its address. */
+void fakecuda_on_next_push(void (*fn)(void *arg), void *arg);
 
 /* "FAKEIPC1" */
 const char *fakecuda_handle_magic(void);

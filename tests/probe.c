@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -119,6 +120,16 @@ static void bootstrap_resolver(void)
     drv.resolve = (resolver_fn)resolve("cuGetProcAddress", 12000);
 }
 
+/* The stand-in driver's test hooks, then cuInit. */
+static void load_fake_hooks(void)
+{
+    drv.make_foreign = fake_hook("fakecuda_make_foreign_handle");
+    drv.counters = fake_hook("fakecuda_get_counters");
+    drv.refcount = fake_hook("fakecuda_refcount");
+    drv.deinit = fake_hook("fakecuda_deinit");
+    CHECK(drv.init(0));
+}
+
 static void load_driver(void)
 {
     bootstrap_resolver();
@@ -132,11 +143,32 @@ static void load_driver(void)
     drv.ipc_get = resolve("cuIpcGetMemHandle", 4010);
     drv.ipc_open = resolve("cuIpcOpenMemHandle", 11000);
     drv.ipc_close = resolve("cuIpcCloseMemHandle", 4010);
-    drv.make_foreign = fake_hook("fakecuda_make_foreign_handle");
-    drv.counters = fake_hook("fakecuda_get_counters");
-    drv.refcount = fake_hook("fakecuda_refcount");
-    drv.deinit = fake_hook("fakecuda_deinit");
-    CHECK(drv.init(0));
+    load_fake_hooks();
+}
+
+/* A program linked with -lcuda instead: the driver in the global scope, and
+ * each entry point bound as the dynamic linker binds it, to the first
+ * definition in load order (a preloaded library's, if one defines it). */
+static void *linked(const char *name)
+{
+    void *p = dlsym(RTLD_DEFAULT, name);
+    if (!p)
+        die(EXIT_SETUP, "no %s in the global scope", name);
+    return p;
+}
+
+static void load_driver_linked(void)
+{
+    drv.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!drv.lib)
+        die(EXIT_SETUP, "dlopen(libcuda.so.1): %s", dlerror());
+    drv.init = linked("cuInit");
+    drv.device_get = linked("cuDeviceGet");
+    drv.primary_retain = linked("cuDevicePrimaryCtxRetain");
+    drv.ctx_set_current = linked("cuCtxSetCurrent");
+    drv.ipc_open = linked("cuIpcOpenMemHandle_v2");
+    drv.ipc_close = linked("cuIpcCloseMemHandle");
+    load_fake_hooks();
 }
 
 /* Device 0's primary context, made current: what cudart's first runtime
@@ -374,6 +406,89 @@ static int scenario_exitdeinit(int argc, char **argv)
     return bad;
 }
 
+/* exit() from a signal handler, as programs do on a timer or SIGTERM (not
+ * async-signal-safe, and done anyway). */
+static void exit_from_handler(int sig)
+{
+    (void)sig;
+    exit(0);
+}
+
+/* Opens and closes one handle until a timer's handler calls exit(), wherever
+ * the loop is at that moment: often inside ipccache's table lock. */
+static int scenario_exitsignal(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = exit_from_handler;
+    struct itimerval timer = { .it_value = { 0, 2000 } };
+    if (sigaction(SIGALRM, &sa, NULL) != 0)
+        die(EXIT_SETUP, "sigaction: %s", strerror(errno));
+    puts("looping");
+    fflush(stdout);
+    if (setitimer(ITIMER_REAL, &timer, NULL) != 0)
+        die(EXIT_SETUP, "setitimer: %s", strerror(errno));
+    for (long i = 0; i < 100000000; i++)
+        open_close(&h, 1);
+    put("timer_fired", 0);
+    return 1;
+}
+
+/* cudart's way in and an idle cached mapping; then the program unloads the
+ * driver it loaded privately, and exits. */
+static int scenario_dlclose(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, 2);
+    int bad = put_loop(&r);
+    put("dlclose_rc", dlclose(drv.lib));
+    return bad;
+}
+
+/* What a second interposer preloaded with ipccache (tests/interposer_lib.c)
+ * counted; the same three fields it defines. */
+struct interposer_counts {
+    long opens, closes, reentries;
+};
+
+/* A program linked with -lcuda, with another interposer of the IPC calls
+ * preloaded before or after ipccache: N opens and closes of one handle must
+ * reach the driver through both libraries without looping between them.
+ * With "resolver", the IPC functions come from the linked cuGetProcAddress. */
+static int scenario_interposed(int argc, char **argv)
+{
+    long n = count_arg(argc, argv, 2, 10);
+    load_driver_linked();
+    if (argc > 3 && strcmp(argv[3], "resolver") == 0) {
+        drv.resolve = (resolver_fn)linked("cuGetProcAddress_v2");
+        drv.ipc_open = resolve("cuIpcOpenMemHandle", 11000);
+        drv.ipc_close = resolve("cuIpcCloseMemHandle", 4010);
+    }
+    use_primary_context();
+    void (*get_counts)(struct interposer_counts *) =
+        (void (*)(struct interposer_counts *))dlsym(RTLD_DEFAULT, "interposer_counts");
+    if (!get_counts)
+        die(EXIT_SETUP, "no interposer library preloaded");
+    put("open_is_hooked", is_hooked((void *)drv.ipc_open));
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, n);
+    int bad = put_loop(&r);
+    put_counters("");
+    struct interposer_counts c;
+    get_counts(&c);
+    put("interposer_opens", c.opens);
+    put("interposer_closes", c.closes);
+    put("interposer_reentries", c.reentries);
+    return bad || c.reentries != 0;
+}
+
 /* Each error case, by its code; run with and without the preload, the codes
  * must be the same (the cache returns the driver's errors, never its own). */
 static void error_cases_ipc(CUcontext ctx)
@@ -435,6 +550,64 @@ static int scenario_errors(int argc, char **argv)
     CHECK(drv.device_get(&dev, 0));
     error_cases_ipc(ctx);
     error_cases_dead_context(dev);
+    return 0;
+}
+
+/* ---- one mapping reached several ways ------------------------------------ */
+
+typedef CUresult (*ipc_open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned);
+typedef CUresult (*ipc_close_fn)(CUdeviceptr);
+
+/* Opens and closes through the driver's entry points (the preload's when it
+ * is loaded) and past them (what a library bound to the driver itself
+ * reaches), with two exports of one allocation, and prints each call's code.
+ * With and without the preload, every code must be the same, and so must
+ * what is left mapped at exit (one open of B is never closed). */
+static int scenario_mixed(int argc, char **argv)
+{
+    enum { A, A2, B };               /* handles: two exports of one allocation, and another */
+    static const struct {
+        char op;                     /* 'o' open, 'c' close */
+        char via;                    /* 'e' entry point, 'd' direct */
+        int handle;                  /* opened; closed: that handle's pointer */
+    } steps[] = {
+        { 'o', 'e', A }, { 'o', 'e', A2 }, { 'o', 'd', A }, { 'c', 'e', A },
+        { 'o', 'e', B }, { 'c', 'e', A }, { 'c', 'e', A }, { 'c', 'e', A },
+        { 'o', 'd', A2 }, { 'o', 'e', A }, { 'c', 'e', A }, { 'o', 'e', A2 },
+        { 'c', 'e', A }, { 'c', 'd', A }, { 'c', 'e', A }, { 'c', 'e', B },
+        { 'o', 'e', B },
+    };
+    (void)argc, (void)argv;
+    load_driver();
+    use_primary_context();
+    void (*make_export)(CUipcMemHandle *, uint64_t, uint64_t, uint64_t) =
+        fake_hook("fakecuda_make_foreign_export");
+    ipc_open_fn open_direct = (ipc_open_fn)fake_hook("fakecuda_ipc_open_direct");
+    ipc_close_fn close_direct = (ipc_close_fn)fake_hook("fakecuda_ipc_close_direct");
+    CUipcMemHandle h[3];
+    make_export(&h[A], 1, 1 << 20, 0);
+    make_export(&h[A2], 1, 1 << 20, 7);
+    make_export(&h[B], 2, 1 << 20, 0);
+    CUdeviceptr ptr[3] = { 0, 0, 0 };  /* by handle; A2 shares A's */
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        int k = steps[i].handle, slot = k == A2 ? A : k;
+        char key[32];
+        CUresult rc;
+        if (steps[i].op == 'o') {
+            CUdeviceptr p = 0;
+            rc = (steps[i].via == 'e' ? drv.ipc_open : open_direct)(&p, h[k], LAZY);
+            snprintf(key, sizeof(key), "step%02zu_same", i + 1);
+            put(key, ptr[slot] == 0 || p == ptr[slot]);
+            if (rc == CUDA_SUCCESS)
+                ptr[slot] = p;
+        } else {
+            rc = (steps[i].via == 'e' ? drv.ipc_close : close_direct)(ptr[slot]);
+        }
+        snprintf(key, sizeof(key), "step%02zu", i + 1);
+        put(key, rc);
+    }
+    put("refcount_a", drv.refcount(NULL, ptr[A]));
+    put("refcount_b", drv.refcount(NULL, ptr[B]));
     return 0;
 }
 
@@ -631,7 +804,11 @@ static const struct {
     { "signal", scenario_signal, "[SIGNO=SIGUSR1]" },
     { "signal_request", scenario_signal_request, "[SIGNO=SIGUSR1]" },
     { "exitdeinit", scenario_exitdeinit, "[now]" },
+    { "exitsignal", scenario_exitsignal, "" },
+    { "dlclose", scenario_dlclose, "" },
+    { "interposed", scenario_interposed, "[N=10] [resolver]" },
     { "errors", scenario_errors, "" },
+    { "mixed", scenario_mixed, "" },
     { "threads", scenario_threads, "[N=8]" },
     { "fork", scenario_fork, "[unguarded]" },
 };

@@ -2,14 +2,18 @@
 #
 # run.sh BUILD - runs the whole GPU-less suite against the build in BUILD
 # (make test: build; make test-sanitize: build/sanitize) and ends with exactly
-# one line, "tests: N passed, M failed". Exits non-zero if anything failed,
-# any test program exited non-zero, or an expected program is missing.
+# one line, "tests: N passed, M failed, K skipped". Exits non-zero if anything
+# failed, any test program exited non-zero, or an expected program is missing.
 #
 #   - the Criterion programs BUILD/tests/test_{unit,e2e,process,ghost}, two jobs at
-#     a time (the machine has two cores); their "Synthesis:" lines are summed;
+#     a time (the machine has two cores); their "Synthesis:" lines are summed,
+#     and the tests they list but did not run are the skipped ones;
 #   - tests/check_exports.sh on BUILD/libipccache.so, counted as one check;
-#   - tests/test_tools.sh, if present, whose "tools: N passed, M failed" line
-#     is added in.
+#   - every other tests/test_*.sh (tools, config tool, docs, examples,
+#     install, wheel; not test_aarch64.sh), each ending with a "WORD: N
+#     passed, M failed[, K skipped]" line that is added in;
+#   - no line of the library's ("ipccache: ...") in all that output, one
+#     check: a test that expects a message captures it.
 
 set -u
 
@@ -30,18 +34,22 @@ if [[ $build == *sanitize* ]]; then
     export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 fi
 
-passed=0 failed=0 status=0
+passed=0 failed=0 skipped=0 status=0
 log=$(mktemp "${TMPDIR:-/tmp}/ipccache-run.XXXXXX") || exit 2
-trap 'rm -f "$log"' EXIT
+all=$(mktemp "${TMPDIR:-/tmp}/ipccache-all.XXXXXX") || exit 2
+trap 'rm -f "$log" "$all"' EXIT
 
-# Adds the counts found by the extended regex $2 (two groups: passed,
-# failed) in the last matching line of $log; a missing line is one failure.
+# Adds the counts found by the extended regex $2 (groups: passed, failed,
+# and optionally a third that holds skipped) in the last matching line of
+# $log; a missing line is one failure.
 add_counts() {
     local what=$1 regex=$2 line
+    cat "$log" >>"$all"
     line=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E "$regex" | tail -n 1)
     if [[ $line =~ $regex ]]; then
         passed=$((passed + BASH_REMATCH[1]))
         failed=$((failed + BASH_REMATCH[2]))
+        [[ ${BASH_REMATCH[3]:-} =~ ([0-9]+) ]] && skipped=$((skipped + BASH_REMATCH[1]))
     else
         echo "run.sh: $what printed no summary; counted as one failure"
         failed=$((failed + 1))
@@ -63,6 +71,21 @@ run_criterion() {
     local rc=${PIPESTATUS[0]}
     [[ $rc -eq 0 ]] || { echo "run.sh: $bin exited with status $rc"; status=1; }
     add_counts "$bin" 'Synthesis: Tested: [0-9]+ \| Passing: ([0-9]+) \| Failing: ([0-9]+)'
+    count_criterion_skips "$bin"
+}
+
+# Criterion leaves skipped tests out of "Tested": they are the listed ones
+# ("suite: N tests") it did not count.
+count_criterion_skips() {
+    local listed tested
+    listed=$("$1" --list 2>/dev/null | sed -nE 's/^[^ ].*: ([0-9]+) tests?$/\1/p' |
+        awk '{ n += $1 } END { print n + 0 }')
+    tested=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | sed -nE 's/.*Synthesis: Tested: ([0-9]+).*/\1/p' |
+        tail -n 1)
+    if [[ -n $tested ]] && (( listed > tested )); then
+        echo "run.sh: $1: $((listed - tested)) of $listed tests skipped"
+        skipped=$((skipped + listed - tested))
+    fi
 }
 
 # One check, pass or fail.
@@ -81,21 +104,41 @@ run_check_exports() {
     fi
 }
 
-run_tools() {
-    local tools=$root/tests/test_tools.sh
-    [[ -f $tools ]] || return
-    echo "== tests/test_tools.sh"
-    bash "$tools" 2>&1 | tee "$log"
+# A shell suite: its last "WORD: N passed, M failed[, K skipped]" line, or
+# TAP's "# skipped: K" comment before a line without skips.
+run_script() {
+    local script=$1 line
+    echo "== tests/$(basename "$script")"
+    bash "$script" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
-    [[ $rc -eq 0 ]] || { echo "run.sh: tests/test_tools.sh exited with status $rc"; status=1; }
-    add_counts tests/test_tools.sh 'tools: ([0-9]+) passed, ([0-9]+) failed'
+    [[ $rc -eq 0 ]] || { echo "run.sh: $script exited with status $rc"; status=1; }
+    add_counts "$script" '^[a-z]+: ([0-9]+) passed, ([0-9]+) failed(, [0-9]+ skipped)?$'
+    if ! grep -qE '^[a-z]+: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log"; then
+        line=$(grep -E '^# skipped: [0-9]+$' "$log" | tail -n 1)
+        [[ -z $line ]] || skipped=$((skipped + ${line#\# skipped: }))
+    fi
 }
 
 for t in test_unit test_e2e test_process test_ghost; do
     run_criterion "$t"
 done
 run_check_exports
-run_tools
+for script in "$root"/tests/test_*.sh; do
+    [[ $script == */test_aarch64.sh ]] || run_script "$script"
+done
 
-echo "tests: $passed passed, $failed failed"
+# A message from the library that reached the output is noise (or a bug): a
+# test that expects one captures it and asserts on it.
+check_quiet() {
+    echo "== no stray library messages"
+    if grep -E '^ipccache: ' "$all"; then
+        echo "run.sh: the lines above reached the output; counted as one failure"
+        failed=$((failed + 1))
+    else
+        passed=$((passed + 1))
+    fi
+}
+check_quiet
+
+echo "tests: $passed passed, $failed failed, $skipped skipped"
 [[ $failed -eq 0 && $status -eq 0 ]]

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Makes sure the test suite's build dependencies are present: installs the
-# missing Debian packages when run as root, otherwise says what to run.
-# "setup.sh aarch64" also checks the cross compiler and qemu-user that
-# make test-aarch64 needs.
+# Makes sure the build dependencies are present: installs the missing Debian
+# packages when run as root, otherwise says what to run.
+#   setup.sh          what make test needs (the build, Criterion, python3)
+#   setup.sh build    what make and make demo need (compiler, uthash)
+#   setup.sh aarch64  make test plus the cross compiler and qemu-user of
+#                     make test-aarch64
 set -euo pipefail
 
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 missing=()
 [ -f /usr/include/uthash.h ] || missing+=(uthash-dev)
-[ -f /usr/include/criterion/criterion.h ] || missing+=(libcriterion-dev)
 command -v cc >/dev/null 2>&1 && command -v make >/dev/null 2>&1 || missing+=(build-essential)
-command -v python3 >/dev/null 2>&1 || missing+=(python3)
+if [ "${1:-}" != build ]; then
+    [ -f /usr/include/criterion/criterion.h ] || missing+=(libcriterion-dev)
+    command -v python3 >/dev/null 2>&1 || missing+=(python3)
+    # The wheel test: make wheel (pip), a fresh virtual environment (venv);
+    # the examples test reads the pod fragment (yaml).
+    python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+    python3 -c 'import yaml' >/dev/null 2>&1 || missing+=(python3-yaml)
+fi
 if [ "${1:-}" = aarch64 ]; then
     command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu)
     [ -f /usr/aarch64-linux-gnu/include/stdio.h ] || missing+=(libc6-dev-arm64-cross)

@@ -3,8 +3,9 @@
 # test_aarch64.sh BUILD - the aarch64 build (cross-compiled into BUILD) run
 # under qemu-user: the dlsym trampoline keeps RTLD_NEXT right, lookups get
 # the hooks, the cache caches, errors are the driver's, fork and threads
-# work, and a process without IPC sees nothing. Ends with the line
-# "aarch64: N passed, M failed".
+# work, a process without IPC sees nothing, a second interposer works in
+# either order, and exit survives a signal handler and an unloaded driver.
+# Ends with the line "aarch64: N passed, M failed".
 set -u
 
 build=${1:?usage: test_aarch64.sh BUILD}
@@ -15,11 +16,16 @@ out=$(mktemp) err=$(mktemp)
 trap 'rm -f "$out" "$err"' EXIT
 
 rc=0
-# guest [--plain] [VAR=VALUE...] PROGRAM ARGS...: run under qemu with the
-# stand-in driver, and the library preloaded unless --plain.
+# guest [--plain | --preload LIST] [VAR=VALUE...] PROGRAM ARGS...: run under
+# qemu with the stand-in driver, and the library preloaded (--plain: nothing;
+# --preload: LIST instead).
 guest() {
     local env=(-E "LD_LIBRARY_PATH=$build/tests")
-    if [ "$1" = --plain ]; then shift; else env+=(-E "LD_PRELOAD=$lib"); fi
+    case $1 in
+        --plain) shift ;;
+        --preload) env+=(-E "LD_PRELOAD=$2"); shift 2 ;;
+        *) env+=(-E "LD_PRELOAD=$lib") ;;
+    esac
     while [[ $1 == *=* ]]; do env+=(-E "$1"); shift; done
     timeout 60 "${qemu[@]}" "${env[@]}" "$@" >"$out" 2>"$err"
     rc=$?
@@ -67,6 +73,29 @@ check "fork: the child maps afresh and exits cleanly" eval \
 
 guest "$build/tests/probe" threads 8
 check "8 threads share one mapping per handle" eval 'has errors=0 && has ptr_mismatches=0 && [ $rc -eq 0 ]'
+
+# A second interposer: it sees only the one miss when after ipccache, every
+# call when before it, and never comes back into itself.
+for kind in next handle getproc resolver; do
+    other=$build/tests/libinterposer_$kind.so
+    path=linked; [ $kind = resolver ] && path=resolver
+    guest --preload "$lib:$other" "$build/tests/probe" interposed 10 $path
+    check "interposer ($kind) after ipccache" eval 'has interposer_reentries=0 &&
+        has interposer_opens=1 && has open_calls=1 && [ $rc -eq 0 ]'
+    guest --preload "$other:$lib" "$build/tests/probe" interposed 10 $path
+    check "interposer ($kind) before ipccache" eval 'has interposer_reentries=0 &&
+        has interposer_opens=10 && has open_calls=1 && [ $rc -eq 0 ]'
+done
+
+hung=0
+for i in $(seq 10); do
+    guest "$build/tests/probe" exitsignal
+    [ $rc -eq 0 ] || hung=$((hung + 1))
+done
+check "exit() from a signal handler, 10 runs" eval '[ $hung -eq 0 ]'
+
+guest "$build/tests/probe" dlclose
+check "the driver dlclosed before exit" eval 'has dlclose_rc=0 && quiet && [ $rc -eq 0 ]'
 
 echo "aarch64: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -8,6 +8,16 @@
 #include "internal.h"
 
 static struct ipcc_cache *cache;
+
+/* The link wraps calloc (the Makefile's --wrap; the names are the linker's):
+ * while this is set, every allocation of the table fails. */
+static int fail_calloc;
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size)
+{
+    return fail_calloc ? NULL : __real_calloc(n, size);
+}
 static unsigned char handle_bytes[IPCC_HANDLE_BYTES];
 
 static void setup(void)
@@ -187,6 +197,91 @@ Test(cache, clear_keeps_table_usable)
     cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->live), 0);
     insert(1, 1, 0x1000, 100);
     cr_assert_eq(ipcc_cache_count(cache), 1);
+}
+
+/* A second key for a cached pointer becomes an alias: one entry, one more
+ * reference, and the caller told to give its own driver reference back. */
+Test(cache, same_pointer_under_a_second_key_is_an_alias)
+{
+    insert(1, 1, 0x1000, 100);
+    struct ipcc_key k2 = key(1, 2);
+    uint64_t cached = 0, p = 0;
+    cr_assert_eq(ipcc_cache_insert(cache, &k2, NULL, 0x1000, 100, 0, &cached), 0);
+    cr_assert_eq(cached, 0x1000);
+    cr_assert_eq(ipcc_cache_count(cache), 1);
+    cr_assert_eq(ipcc_cache_acquire(cache, &k2, &p), 1);
+    cr_assert_eq(p, 0x1000);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
+    cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->idle), 1);
+}
+
+/* A close past zero removes the entry (with its aliases): the next open of
+ * either key is a miss. */
+Test(cache, past_zero_removes_the_entry)
+{
+    insert(1, 1, 0x1000, 100);
+    struct ipcc_key k1 = key(1, 1), k2 = key(1, 2);
+    uint64_t cached, p;
+    cr_assert_eq(ipcc_cache_insert(cache, &k2, NULL, 0x1000, 100, 0, &cached), 0);
+    ipcc_cache_release(cache, 1, 0x1000);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_PAST_ZERO);
+    cr_assert_eq(ipcc_cache_count(cache), 0);
+    cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->idle), 0);
+    cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->idle_bytes), 0);
+    cr_assert_eq(ipcc_cache_acquire(cache, &k1, &p), 0);
+    cr_assert_eq(ipcc_cache_acquire(cache, &k2, &p), 0);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_NOT_FOUND);
+}
+
+/* Evicting an entry takes its aliases too: a later insert under the alias
+ * key is a fresh entry. */
+Test(cache, eviction_takes_the_aliases)
+{
+    insert(1, 1, 0x1000, 100);
+    struct ipcc_key k2 = key(1, 2);
+    uint64_t cached;
+    cr_assert_eq(ipcc_cache_insert(cache, &k2, NULL, 0x1000, 100, 0, &cached), 0);
+    ipcc_cache_release(cache, 1, 0x1000);
+    ipcc_cache_release(cache, 1, 0x1000);
+    struct ipcc_victim v[2];
+    cr_assert_eq(ipcc_cache_evict(cache, 0, 0, v, 2), 1);
+    cr_assert_eq(ipcc_cache_insert(cache, &k2, NULL, 0x2000, 100, 0, &cached), 1);
+}
+
+/* Keys differing only in the last handle byte are different keys. */
+Test(cache, whole_handle_is_the_key)
+{
+    struct ipcc_key a, b;
+    unsigned char h[IPCC_HANDLE_BYTES] = { 0 };
+    ipcc_key_init(&a, 1, h, 1);
+    h[IPCC_HANDLE_BYTES - 1] = 1;
+    ipcc_key_init(&b, 1, h, 1);
+    uint64_t unused, p;
+    cr_assert_eq(ipcc_cache_insert(cache, &a, NULL, 0x1000, 100, 0, &unused), 1);
+    cr_assert_eq(ipcc_cache_acquire(cache, &b, &p), 0);
+}
+
+/* Out of memory nothing is cached and the table stays as it was: a new
+ * entry fails, and so does an alias, leaving the entry's references alone
+ * (the caller keeps the driver's reference for the application). */
+Test(cache, out_of_memory_caches_nothing)
+{
+    insert(1, 1, 0x1000, 100);
+    struct ipcc_key k2 = key(1, 2), k3 = key(1, 3);
+    uint64_t cached = 0, p;
+    fail_calloc = 1;
+    int fresh = ipcc_cache_insert(cache, &k3, NULL, 0x3000, 100, 0, &cached);
+    int alias = ipcc_cache_insert(cache, &k2, NULL, 0x1000, 100, 0, &cached);
+    fail_calloc = 0;
+    cr_assert_eq(fresh, -1);
+    cr_assert_eq(alias, -1);
+    cr_assert_eq(ipcc_cache_count(cache), 1);
+    cr_assert_eq(ipcc_cache_acquire(cache, &k2, &p), 0);
+    cr_assert_eq(ipcc_cache_acquire(cache, &k3, &p), 0);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_PAST_ZERO);
 }
 
 /* Taking by handle removes that allocation's idle entries in every context,

@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -114,13 +116,56 @@ Test(config, stats_file_bad_escape, .timeout = 10)
     cr_assert_str_eq(ipcc_config.stats_file, "");
 }
 
-/* IPCCACHE_STRICT turns a bad value into exit status 78. */
-Test(config, strict_exits, .exit_code = 78, .timeout = 10)
+/* IPCCACHE_STRICT turns a bad value into one error line and exit status 78. */
+Test(config, strict_exits, .timeout = 10)
 {
-    setenv("IPCCACHE_STRICT", "1", 1);
-    setenv("IPCCACHE_LOG", "error", 1);
-    setenv("IPCCACHE_DISABLE", "perhaps", 1);
-    ipcc_config_load();
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) { /* the message is captured, not shown */
+        dup2(fds[1], STDERR_FILENO);
+        setenv("IPCCACHE_STRICT", "1", 1);
+        setenv("IPCCACHE_LOG", "error", 1);
+        setenv("IPCCACHE_DISABLE", "perhaps", 1);
+        ipcc_config_load();
+        _exit(0);
+    }
+    close(fds[1]);
+    char err[1024] = { 0 };
+    size_t len = 0;
+    ssize_t n;
+    while ((n = read(fds[0], err + len, sizeof(err) - 1 - len)) > 0)
+        len += (size_t)n;
+    close(fds[0]);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 78, "status %#x", status);
+    cr_assert_str_eq(err, "ipccache: error: IPCCACHE_DISABLE=\"perhaps\" is invalid: expected a "
+                          "boolean (1/0, true/false, yes/no, on/off) (IPCCACHE_STRICT is on)\n");
+}
+
+/* Each setting's documented default, given as its value, is the built-in default. */
+Test(config, documented_defaults_are_the_defaults, .timeout = 10)
+{
+    struct ipcc_config built_in = ipcc_config;
+    size_t n;
+    const struct ipcc_setting *table = ipcc_config_table(&n);
+    cr_assert_geq(n, 9);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_neq(table[i].meaning[0], '\0', "%s has no meaning", table[i].name);
+        if (table[i].default_text[0])
+            cr_assert_eq(table[i].set(table[i].default_text), 0, "%s", table[i].name);
+    }
+    cr_assert_eq(ipcc_config.disabled, built_in.disabled);
+    cr_assert_eq(ipcc_config.max_idle_bytes, built_in.max_idle_bytes);
+    cr_assert_eq(ipcc_config.max_idle_entries, built_in.max_idle_entries);
+    cr_assert_eq(ipcc_config.log_level, built_in.log_level);
+    cr_assert_eq(ipcc_config.stats_signal, built_in.stats_signal);
+    cr_assert_eq(ipcc_config.stats_at_exit, built_in.stats_at_exit);
+    cr_assert_eq(ipcc_config.strict, built_in.strict);
+    cr_assert_str_eq(ipcc_config.stats_file, built_in.stats_file);
+    cr_assert_str_eq(ipcc_config.stats_dir, built_in.stats_dir);
 }
 
 /* The release wait takes milliseconds up to a minute; a bad value keeps 100. */

@@ -81,3 +81,46 @@ Test(evict, evicts_in_the_entrys_own_context, .timeout = 10)
     cuCtxGetCurrent(&now);
     cr_assert_eq(now, c2);
 }
+
+struct successor {
+    CUcontext dead, born;
+    CUipcMemHandle handle;
+    CUdeviceptr ptr;
+    CUresult rc;
+};
+
+/* What another thread may do while an eviction is between taking its victim
+ * and closing it: destroy the victim's context, create one at its address
+ * and open the same handle there (same pointer, a mapping of the new one). */
+static void replace_context(void *arg)
+{
+    struct successor *s = arg;
+    CUcontext popped;
+    cr_assert_eq(cuCtxDestroy(s->dead), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxCreate_v2(&s->born, 0, 0), CUDA_SUCCESS);
+    s->rc = cuIpcOpenMemHandle(&s->ptr, s->handle, 1);
+    cr_assert_eq(cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+}
+
+/* An eviction whose victim's context died (and was reborn at its address)
+ * after the victim was taken closes nothing in the newcomer. */
+Test(evict, never_closes_in_a_successor_context, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "1", 1);
+    struct successor s = { .handle = tu_handle(42, 4096) };
+    s.dead = tu_context();
+    CUdeviceptr a = tu_open(s.handle);
+    tu_close(a);
+    CUcontext c2 = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 1), CUDA_SUCCESS);
+    CUdeviceptr b = tu_open(tu_handle(43, 4096));
+    fakecuda_on_next_push(replace_context, &s);
+    tu_close(b); /* two idle: evicts a, in its (dead) context */
+    cr_assert_eq(s.born, s.dead, "the stand-in reuses the address");
+    cr_assert_eq(s.rc, CUDA_SUCCESS);
+    cr_assert_eq(s.ptr, a, "the new mapping is where the old one was");
+    cr_assert_eq(fakecuda_refcount(s.born, s.ptr), 1, "the application's mapping stays");
+    CUcontext now = NULL;
+    cuCtxGetCurrent(&now);
+    cr_assert_eq(now, c2);
+}

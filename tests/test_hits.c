@@ -37,10 +37,12 @@ Test(hits, nested_opens_need_as_many_closes, .timeout = 10)
     CUipcMemHandle h = tu_handle(3, 4096);
     CUdeviceptr a = tu_open(h), b = tu_open(h);
     cr_assert_eq(a, b);
+    cr_assert_eq(tu_driver().open_calls, 1, "the second open is the cache's");
     tu_close(a);
     tu_close(b);
-    cr_assert_eq(cuIpcCloseMemHandle(a), CUDA_ERROR_INVALID_VALUE);
     cr_assert_eq(fakecuda_refcount(NULL, a), 1, "the driver keeps exactly one reference");
+    cr_assert_eq(cuIpcCloseMemHandle(a), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(fakecuda_refcount(NULL, a), 0, "past zero, nothing stays mapped");
 }
 
 /* Different handles get different mappings. */
@@ -66,6 +68,7 @@ Test(hits, v1_and_v2_share_entries, .timeout = 10)
     cr_assert_eq(v1(&b, h, 1), CUDA_SUCCESS);
     cr_assert_eq(a, b);
     cr_assert_eq(tu_driver().maps, 1);
+    cr_assert_eq(tu_driver().open_calls, 1, "the v1 open is a hit");
 }
 
 /* The same handle in contexts of two devices is two mappings, each in its own context. */
@@ -91,6 +94,8 @@ Test(hits, double_close_is_invalid_value, .timeout = 10)
     CUdeviceptr p = tu_open(tu_handle(8, 4096));
     tu_close(p);
     cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(fakecuda_refcount(NULL, p), 0, "unmapped, as by the driver alone");
+    cr_assert_eq(tu_driver().unmaps, 1);
 }
 
 /* A pointer the cache never saw goes to the driver, whose answer comes back. */
@@ -192,4 +197,107 @@ Test(hits, live_mapping_elsewhere_on_device_is_the_drivers_error, .timeout = 10)
     CUdeviceptr b = 0;
     cr_assert_eq(cuIpcOpenMemHandle(&b, h, 1), CUDA_ERROR_INVALID_HANDLE);
     cr_assert_eq(fakecuda_refcount(c1, a), 1);
+}
+
+/* ---- one mapping, several ways to reach it ------------------------------ */
+
+static CUipcMemHandle export_of(uint64_t serial, uint64_t nonce)
+{
+    CUipcMemHandle h;
+    fakecuda_make_foreign_export(&h, serial, 4096, nonce);
+    return h;
+}
+
+/* Two exports of one allocation (different bytes, one mapping) hold one
+ * driver reference between them, and need as many closes as opens. */
+Test(hits, two_exports_of_one_allocation_share_one_reference, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h1 = export_of(50, 1), h2 = export_of(50, 2);
+    cr_assert_neq(memcmp(&h1, &h2, sizeof(h1)), 0);
+    CUdeviceptr a = tu_open(h1), b = tu_open(h2), c = tu_open(h2);
+    cr_assert_eq(a, b);
+    cr_assert_eq(b, c);
+    cr_assert_eq(tu_driver().open_calls, 2, "the second export is a miss, then a hit");
+    cr_assert_eq(fakecuda_refcount(NULL, a), 1, "one reference, the cache's");
+    tu_close(a);
+    tu_close(a);
+    tu_close(a);
+    cr_assert_eq(cuIpcCloseMemHandle(a), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(fakecuda_refcount(NULL, a), 0);
+}
+
+/* Handles that differ only in bytes 32-63 name different allocations: the
+ * whole handle is the key. */
+Test(hits, handles_differing_only_in_the_upper_half_are_distinct, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h1 = tu_handle(51, 4096), h2 = tu_handle(52, 4096);
+    cr_assert_eq(memcmp(&h1, &h2, 32), 0, "the stand-in's lower halves match");
+    CUdeviceptr a = tu_open(h1), b = tu_open(h2);
+    cr_assert_neq(a, b);
+    cr_assert_eq(tu_driver().maps, 2);
+}
+
+/* A handle equal to a cached one but for its last byte is the driver's to
+ * judge (the stand-in refuses it). */
+Test(hits, handle_differing_in_its_last_byte_is_the_drivers_error, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h = tu_handle(53, 4096);
+    tu_close(tu_open(h));
+    h.reserved[CU_IPC_HANDLE_SIZE - 1] ^= 1;
+    CUdeviceptr p = 0;
+    cr_assert_eq(cuIpcOpenMemHandle(&p, h, 1), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(tu_driver().open_calls, 2);
+}
+
+/* A reference opened past the cache (a library bound to the driver itself)
+ * may be closed through it: the driver's answer, and nothing left mapped. */
+Test(hits, reference_opened_past_the_cache_closes_through_it, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h = tu_handle(54, 4096);
+    CUdeviceptr direct = 0;
+    cr_assert_eq(fakecuda_ipc_open_direct(&direct, h, 1), CUDA_SUCCESS);
+    CUdeviceptr p = tu_open(h);
+    cr_assert_eq(p, direct);
+    tu_close(p);
+    cr_assert_eq(cuIpcCloseMemHandle(direct), CUDA_SUCCESS, "the direct open's close");
+    cr_assert_eq(fakecuda_refcount(NULL, p), 0);
+    cr_assert_eq(tu_driver().unmaps, 1);
+    cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* A cached mapping also opened past the cache and closed there keeps the
+ * cache's reference: the application's next open is still a hit. */
+Test(hits, reference_opened_and_closed_past_the_cache, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h = tu_handle(55, 4096);
+    CUdeviceptr p = tu_open(h), direct = 0;
+    cr_assert_eq(fakecuda_ipc_open_direct(&direct, h, 1), CUDA_SUCCESS);
+    cr_assert_eq(fakecuda_ipc_close_direct(direct), CUDA_SUCCESS);
+    tu_close(p);
+    cr_assert_eq(tu_open(h), p);
+    cr_assert_eq(fakecuda_refcount(NULL, p), 1);
+    cr_assert_eq(tu_driver().maps, 1);
+}
+
+/* Without cuCtxGetId (drivers before 12.0) nothing is cached: every open
+ * and close is the driver's own. */
+Test(hits, without_context_ids_every_call_reaches_the_driver, .timeout = 10)
+{
+    setenv("FAKECUDA_NO_CTXGETID", "1", 1);
+    tu_context();
+    CUipcMemHandle h = tu_handle(56, 4096);
+    CUdeviceptr a = tu_open(h), b = tu_open(h);
+    cr_assert_eq(a, b);
+    tu_close(a);
+    tu_close(b);
+    cr_assert_eq(tu_driver().open_calls, 2);
+    cr_assert_eq(tu_driver().close_calls, 2);
+    cr_assert_eq(tu_driver().maps, 1);
+    cr_assert_eq(tu_driver().unmaps, 1);
+    cr_assert_eq(cuIpcCloseMemHandle(a), CUDA_ERROR_INVALID_VALUE);
 }

@@ -531,10 +531,68 @@ Test(process, errors_match_the_driver_alone, .timeout = 20)
     expect_errors_as_driver_alone("FAKECUDA_DRIVER_VERSION=13000");
 }
 
-Test(process, errors_match_a_driver_without_context_ids, .timeout = 20)
+Test(process, no_context_ids_pass_every_call_through, .timeout = 20)
 {
-    /* The same on a pre-12.0 driver, where contexts are told apart by address alone. */
-    expect_errors_as_driver_alone("FAKECUDA_NO_CTXGETID=1");
+    /* A driver without cuCtxGetId (before 12.0): every open and close reaches it, and ipccache says so once, at info level. */
+    struct proc p;
+    probe(&p, ENV("FAKECUDA_NO_CTXGETID=1", "IPCCACHE_LOG=info"), "openclose", "100");
+    cr_assert(eq(int, exit_code(&p), 0), "stdout:\n%s\nstderr:\n%s", p.out, p.err);
+    expect_kv(&p, "open_calls", 100);
+    expect_kv(&p, "close_calls", 100);
+    expect_kv(&p, "maps", 100);
+    expect_kv(&p, "unmaps", 100);
+    expect_kv(&p, "refcount", 0);
+    static const char said[] = "ipccache: the driver has no cuCtxGetId";
+    const char *at = strstr(p.err, said);
+    cr_assert_not_null(at, "stderr:\n%s", p.err);
+    cr_assert_null(strstr(at + strlen(said), said), "said twice:\n%s", p.err);
+}
+
+Test(process, no_context_ids_without_info_say_nothing, .timeout = 20)
+{
+    /* The same at the default log level: quiet. */
+    struct proc p;
+    probe(&p, ENV("FAKECUDA_NO_CTXGETID=1"), "openclose", "10");
+    expect_quiet_success(&p);
+    expect_kv(&p, "maps", 10);
+}
+
+/* Runs the mixed scenario with `preload` (a LD_PRELOAD= entry, or NULL for
+ * the default); the stand-in's counters at exit go to *counters. */
+static void run_mixed(struct proc *p, const char *preload, const char *name, char *counters,
+                      size_t cap)
+{
+    char env[PATH_MAX + 32];
+    snprintf(env, sizeof(env), "FAKECUDA_COUNTERS_AT_EXIT=%s", tmp_path(counters, cap, name));
+    if (preload)
+        probe(p, ENV(env, preload), "mixed");
+    else
+        probe(p, ENV(env), "mixed");
+    expect_quiet_success(p);
+}
+
+Test(process, mixed_paths_match_the_driver_alone, .timeout = 20)
+{
+    /* Opens through the cache and past it, two exports of one allocation: every code, every pointer and what is mapped at exit as without the preload. */
+    static struct proc with, without;
+    char cw[PATH_MAX], cwo[PATH_MAX], lw[512], lwo[512];
+    run_mixed(&with, NULL, "with", cw, sizeof(cw));
+    run_mixed(&without, "LD_PRELOAD=", "without", cwo, sizeof(cwo));
+    int compared = 0;
+    for (const char *line = without.out; *line; line = strchr(line, '\n') + 1) {
+        char key[64];
+        if (sscanf(line, "%63[^=]=", key) == 1 && strcmp(key, "pid") != 0) {
+            cr_expect(eq(llong, kv(&with, key), kv(&without, key)), "%s", key);
+            compared++;
+        }
+        if (!strchr(line, '\n'))
+            break;
+    }
+    cr_assert_geq(compared, 17);
+    cr_assert_geq(read_file(cw, lw, sizeof(lw)), 0, "no %s", cw);
+    cr_assert_geq(read_file(cwo, lwo, sizeof(lwo)), 0, "no %s", cwo);
+    cr_assert_not_null(strstr(lwo, " live=1"), "without: %s", lwo);
+    cr_assert_not_null(strstr(lw, " live=1"), "with: %s (without: %s)", lw, lwo);
 }
 
 Test(process, fork_child_starts_with_an_empty_table, .timeout = 20)
@@ -564,6 +622,96 @@ Test(process, driver_gone_before_exit_handler_is_quiet, .timeout = 20)
     struct proc p;
     probe(&p, NO_ENV, "exitdeinit", "now");
     expect_quiet_success(&p);
+}
+
+Test(process, exit_from_a_signal_handler_ends_the_process, .timeout = 60)
+{
+    /* exit() from a handler that interrupted an open or close, often inside the table lock, ends the process every time. */
+    for (int i = 0; i < 20; i++) {
+        struct proc p;
+        probe(&p, NO_ENV, "exitsignal");
+        cr_assert(eq(int, exit_code(&p), 0), "run %d %s; stdout:\n%s\nstderr:\n%s", i + 1,
+                  exit_code(&p) == TIMED_OUT ? "hung at exit" : "failed", p.out, p.err);
+        cr_assert(eq(str, p.out, "looping\n"));
+        cr_assert(eq(str, p.err, ""));
+    }
+}
+
+Test(process, driver_dlclosed_before_exit_stays_callable, .timeout = 20)
+{
+    /* A program that dlcloses the driver it loaded privately exits cleanly, and the idle mapping is still closed at exit. */
+    char counters[PATH_MAX], env[PATH_MAX + 32], line[512];
+    snprintf(env, sizeof(env), "FAKECUDA_COUNTERS_AT_EXIT=%s",
+             tmp_path(counters, sizeof(counters), "counters"));
+    struct proc p;
+    probe(&p, ENV(env), "dlclose");
+    expect_quiet_success(&p);
+    expect_kv(&p, "refcount", 1);   /* idle in the cache when the driver was closed */
+    expect_kv(&p, "dlclose_rc", 0);
+    cr_assert_geq(read_file(counters, line, sizeof(line)), 0, "no %s", counters);
+    cr_assert(eq(int, count_lines(line), 1), "the driver's destructor ran early:\n%s", line);
+    cr_assert_not_null(strstr(line, "maps=1 unmaps=1 "), "at exit: %s", line);
+    cr_assert_not_null(strstr(line, " live=0"), "at exit: %s", line);
+}
+
+/* ---- another interposer of the same calls --------------------------------- */
+
+/* Runs "interposed 10" with ipccache and tests/<other> preloaded, ipccache
+ * first or second (after the sanitizer runtime, if any); the program looks
+ * the IPC calls up through the resolver when the interposer hooks that. */
+static void run_interposed(struct proc *p, const char *other, int ipccache_first)
+{
+    const char *path = strstr(other, "resolver") ? "resolver" : "linked";
+    const char *prefix = getenv("IPCC_TEST_PRELOAD_PREFIX");
+    char self[PATH_MAX + 32], them[PATH_MAX + 64];
+    snprintf(self, sizeof(self), "%s/libipccache.so", build_dir);
+    snprintf(them, sizeof(them), "%s/tests/%s", build_dir, other);
+    char *preload = format("LD_PRELOAD=%s%s%s:%s", prefix && *prefix ? prefix : "",
+                           prefix && *prefix ? ":" : "", ipccache_first ? self : them,
+                           ipccache_first ? them : self);
+    probe(p, ENV(preload), "interposed", "10", path);
+    free(preload);
+}
+
+/* The interposers that find their next function by RTLD_NEXT, through the
+ * driver's handle and through the linked resolver, and the one that hooks
+ * the resolver. */
+static const char *const interposers[] = {
+    "libinterposer_next.so", "libinterposer_handle.so", "libinterposer_getproc.so",
+    "libinterposer_resolver.so",
+};
+
+/* Runs every interposer in the given order; the program's open is ours or
+ * the interposer's, which sees `calls` opens and as many closes of the
+ * program's ten (the driver: one open, one mapping, kept idle). */
+static void expect_interposed(int ipccache_first, long long calls)
+{
+    for (size_t i = 0; i < sizeof(interposers) / sizeof(interposers[0]); i++) {
+        const char *name = interposers[i];
+        struct proc p;
+        run_interposed(&p, name, ipccache_first);
+        cr_assert(eq(int, exit_code(&p), 0), "%s; stdout:\n%s\nstderr:\n%s", name, p.out, p.err);
+        cr_assert(eq(str, p.err, ""), "%s", name);
+        expect_kv_with(&p, name, "interposer_reentries", 0);
+        expect_kv_with(&p, name, "open_is_hooked", ipccache_first);
+        expect_kv_with(&p, name, "interposer_opens", calls);
+        expect_kv_with(&p, name, "interposer_closes", ipccache_first ? 0 : calls);
+        expect_kv_with(&p, name, "open_calls", 1);
+        expect_kv_with(&p, name, "maps", 1);
+        expect_kv_with(&p, name, "refcount", 1);
+    }
+}
+
+Test(process, interposer_after_ipccache_gets_the_driver, .timeout = 20)
+{
+    /* Preloaded after ipccache, another interposer's lookups of its next function find the driver: no loop, and it sees only the cache's one miss. */
+    expect_interposed(1, 1);
+}
+
+Test(process, interposer_before_ipccache_gets_the_cache, .timeout = 20)
+{
+    /* Preloaded before ipccache, another interposer sees every call and its next function is ipccache's: ten opens, one real map. */
+    expect_interposed(0, 10);
 }
 
 /* ---- settings ------------------------------------------------------------ */

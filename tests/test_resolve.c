@@ -29,9 +29,14 @@ static void assert_drivers(void *p)
     cr_assert_not_null(strstr(library_of(p), "libcuda"), "%p is in %s", p, library_of(p));
 }
 
+/* What *pfn holds before a lookup: not NULL, so that a wrapper handed out
+ * on a failure, or a stale value left in place, shows. */
+static void sentinel_fn(void) {}
+#define SENTINEL ((void *)sentinel_fn)
+
 static void *resolve(const char *name, int version, CUdriverProcAddressQueryResult *status)
 {
-    void *p = NULL;
+    void *p = SENTINEL;
     cr_assert_eq(cuGetProcAddress_v2(name, &p, version, 0, status), CUDA_SUCCESS);
     return p;
 }
@@ -91,23 +96,27 @@ Test(resolve, resolver_statuses_pass_through, .timeout = 10)
     cr_assert_eq(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
 }
 
-/* A version above the driver's, or bad flags, is the driver's error, and
- * no wrapper is handed out with it. */
+/* A version above the driver's, or bad flags, is the driver's error; the
+ * driver leaves *pfn as it was, and so must we (no wrapper handed out). */
 Test(resolve, resolver_error_untouched, .timeout = 10)
 {
-    void *p = NULL;
+    proc_v1_fn v1 = (proc_v1_fn)dlsym(RTLD_DEFAULT, "cuGetProcAddress");
+    void *p = SENTINEL;
     cr_assert_eq(cuGetProcAddress_v2("cuIpcOpenMemHandle", &p, 99000, 0, NULL),
                  CUDA_ERROR_INVALID_VALUE);
-    cr_assert(p == NULL || strstr(library_of(p), "libipccache") == NULL);
+    cr_assert_eq(p, SENTINEL);
     cr_assert_eq(cuGetProcAddress_v2("cuIpcOpenMemHandle", &p, 12000, 7, NULL),
                  CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(p, SENTINEL);
+    cr_assert_eq(v1("cuIpcCloseMemHandle", &p, 99000, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(p, SENTINEL);
 }
 
 /* The 4-argument resolver substitutes too, and a nested lookup stays ours. */
 Test(resolve, resolver_v1_and_nested, .timeout = 10)
 {
     proc_v1_fn v1 = (proc_v1_fn)dlsym(RTLD_DEFAULT, "cuGetProcAddress");
-    void *p = NULL;
+    void *p = SENTINEL;
     cr_assert_eq(v1("cuIpcOpenMemHandle", &p, 11000, 0), CUDA_SUCCESS);
     assert_ours(p);
     proc_v2_fn nested = resolve("cuGetProcAddress", 12000, NULL);
@@ -121,8 +130,9 @@ Test(resolve, cudart_sequence_is_cached, .timeout = 10)
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     proc_v2_fn gpa = (proc_v2_fn)dlsym(h, "cuGetProcAddress_v2");
     CUdriverProcAddressQueryResult st;
-    void *p = NULL;
+    void *p = SENTINEL;
     cr_assert_eq(gpa("", &p, 0, 0, &st), CUDA_SUCCESS);
+    cr_assert_null(p);
     open_fn open = NULL;
     CUresult (*close)(CUdeviceptr) = NULL;
     cr_assert_eq(gpa("cuIpcOpenMemHandle", (void **)&open, 11000, 0, &st), CUDA_SUCCESS);

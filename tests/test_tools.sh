@@ -357,7 +357,7 @@ check "stats: dead PID: message" grep -q "^ipccache-stats: pid $dead: no such pr
 
 start_fake 1 --lib "$lib"; good=$fake
 stats abc "$good"
-check "stats: non-numeric PID: exit 1" rc_is 1
+check "stats: non-numeric PID: exit 2 (usage)" rc_is 2
 check "stats: non-numeric PID: message" grep -q "^ipccache-stats: 'abc' is not a process id" "$tmp/err"
 check "stats: non-numeric PID: the other PIDs still served" grep -qE "^ *$good " "$tmp/out"
 
