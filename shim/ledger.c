@@ -104,17 +104,16 @@ void ipcc_futex_wait(_Atomic uint32_t *word, uint32_t seen, uint64_t ns)
 
 /* ---- the file --------------------------------------------------------------- */
 
-static int open_file(int dir, int *created)
+static int open_file(int dir)
 {
     int flags = O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
     int fd = openat(dir, IPCC_LEDGER_NAME, flags | O_CREAT | O_EXCL, 0600);
-    *created = fd >= 0;
-    if (fd < 0 && errno == EEXIST)
-        fd = openat(dir, IPCC_LEDGER_NAME, flags);
-    if (fd >= 0 && *created && fchmod(fd, 0600) != 0) { /* against a strict umask */
+    if (fd >= 0 && fchmod(fd, 0600) != 0) { /* ours, new: against a strict umask */
         close(fd);
         return -1;
     }
+    if (fd < 0 && errno == EEXIST)
+        fd = openat(dir, IPCC_LEDGER_NAME, flags);
     return fd;
 }
 
@@ -163,8 +162,7 @@ static void open_ledger(void)
                                 "wait for importers");
         return;
     }
-    int created;
-    int fd = open_file(dir, &created);
+    int fd = open_file(dir);
     close(dir);
     const char *why = fd < 0 ? strerror(errno) : check_file(fd);
     void *map = MAP_FAILED;
