@@ -11,6 +11,7 @@
 #   make check-exports   the library exports only the intercepted names
 #   make test-gpu        prove it on a real GPU (says so when there is none)
 #   make bench           benchmarks on a real GPU
+#   make peer            PyTorch's and numba's own IPC tests, without and with the cache
 #   make demo            show the main job (simulated without a GPU)
 #   make wheel           build/dist/ipccache-*.whl (pip install it)
 #   make install         PREFIX=/usr/local DESTDIR=
@@ -57,7 +58,7 @@ TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/tes
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
-.PHONY: all help prereqs test run-tests test-sanitize test-aarch64 test-gpu bench demo wheel \
+.PHONY: all help prereqs test run-tests test-sanitize test-aarch64 test-gpu bench peer demo wheel \
         install uninstall clean check-exports
 
 all: $(LIB) $(CONFIG_TOOL)
@@ -194,6 +195,11 @@ test-gpu: | $(LIB)
 
 bench: | $(LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
+
+# PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py (never committed).
+PEER_DIR ?= .peer
+peer: | $(LIB)
+	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/peer_suites.sh $(PEER_DIR)
 
 demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
 	@IPCCACHE_LIB=$(abspath $(LIB)) BUILD=$(BUILD) bash tools/demo.sh

@@ -18,8 +18,10 @@
 
 #if defined(__x86_64__)
 #define IPCC_GLIBC_FLOOR "GLIBC_2.2.5"
+#define IPCC_GLIBC_DLADDR1 "GLIBC_2.3.3"   /* dladdr1 came later than the rest */
 #elif defined(__aarch64__)
 #define IPCC_GLIBC_FLOOR "GLIBC_2.17"
+#define IPCC_GLIBC_DLADDR1 "GLIBC_2.17"
 #endif
 
 #if defined(IPCC_GLIBC_FLOOR) && defined(__linux__)
@@ -30,11 +32,13 @@ IPCC_OLD_VERSION(dlerror);
 IPCC_OLD_VERSION(dlopen);
 IPCC_OLD_VERSION(dlvsym);
 IPCC_OLD_VERSION(pthread_create);
+IPCC_OLD_VERSION(pthread_mutex_trylock);
 IPCC_OLD_VERSION(pthread_once);
 IPCC_OLD_VERSION(pthread_sigmask);
 IPCC_OLD_VERSION(pthread_key_create);
 IPCC_OLD_VERSION(pthread_getspecific);
 IPCC_OLD_VERSION(pthread_setspecific);
+__asm__(".symver dladdr1,dladdr1@" IPCC_GLIBC_DLADDR1);
 #undef IPCC_OLD_VERSION
 #endif
 

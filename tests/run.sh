@@ -10,7 +10,7 @@
 #     and the tests they list but did not run are the skipped ones;
 #   - tests/check_exports.sh on BUILD/libipccache.so, counted as one check;
 #   - every other tests/test_*.sh (tools, config tool, docs, examples,
-#     install, wheel; not test_aarch64.sh), each ending with a "WORD: N
+#     install, wheel, peer-suite runner; not test_aarch64.sh), each ending with a "WORD: N
 #     passed, M failed[, K skipped]" line that is added in;
 #   - no line of the library's ("ipccache: ...") in all that output, one
 #     check: a test that expects a message captures it.
@@ -112,8 +112,8 @@ run_script() {
     bash "$script" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
     [[ $rc -eq 0 ]] || { echo "run.sh: $script exited with status $rc"; status=1; }
-    add_counts "$script" '^[a-z]+: ([0-9]+) passed, ([0-9]+) failed(, [0-9]+ skipped)?$'
-    if ! grep -qE '^[a-z]+: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log"; then
+    add_counts "$script" '^[a-z-]+: ([0-9]+) passed, ([0-9]+) failed(, [0-9]+ skipped)?$'
+    if ! grep -qE '^[a-z-]+: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log"; then
         line=$(grep -E '^# skipped: [0-9]+$' "$log" | tail -n 1)
         [[ -z $line ]] || skipped=$((skipped + ${line#\# skipped: }))
     fi
