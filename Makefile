@@ -33,7 +33,10 @@ SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c
            shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c \
            shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
            shim/vmm_ranges.c \
-           shim/fmt.c shim/marker.c shim/userdir.c
+           shim/fmt.c shim/marker.c shim/userdir.c \
+           $(LEDGER_SRC) shim/exporter.c shim/release_helper.c
+# The release ledger alone (unit-tested without CUDA).
+LEDGER_SRC = shim/ledger.c shim/ledger_request.c
 # The dlsym trampoline is assembly, one file per architecture.
 ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
 TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o
@@ -48,10 +51,12 @@ FLOOR    = -include shim/glibc_floor.h
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
 FAKE       = $(BUILD)/tests/libcuda.so.1
-UNIT_SRC   = tests/test_cache.c tests/test_config.c tests/test_vmm_table.c
-E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/test_*.c))
+UNIT_SRC   = tests/test_cache.c tests/test_config.c tests/test_vmm_table.c tests/test_ledger.c
+E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c tests/test_ghost.c, \
+                          $(wildcard tests/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
-             $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors
+             $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors \
+             $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
@@ -68,7 +73,7 @@ help:
 prereqs:
 	@bash tests/setup.sh build
 
-$(BUILD)/shim/%.o: shim/%.c shim/internal.h shim/glibc_floor.h | prereqs
+$(BUILD)/shim/%.o: shim/%.c shim/internal.h shim/ledger.h shim/glibc_floor.h | prereqs
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(FLOOR) -c $< -o $@
 
@@ -101,14 +106,14 @@ $(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 	    -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $(FAKE_SRC) -lpthread
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
-# The table and the settings parser, tested alone: no CUDA, no preload.
-# calloc is wrapped so that a test can make the table's allocations fail.
+# The table, the settings parser and the ledger, tested alone: no CUDA, no
+# preload. calloc is wrapped so that a test can make the table's allocations fail.
 VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c
-$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c $(VMM_TABLE) \
-                          shim/internal.h shim/vmm_table.h
+$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c shim/userdir.c \
+                          $(VMM_TABLE) $(LEDGER_SRC) shim/internal.h shim/vmm_table.h shim/ledger.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c shim/fmt.c $(VMM_TABLE) -Wl,--wrap=calloc $(TEST_LIBS)
+	    shim/log.c shim/fmt.c shim/userdir.c $(VMM_TABLE) $(LEDGER_SRC) -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
@@ -153,6 +158,14 @@ $(BUILD)/tests/hello_tsan: tests/hello_sanitized.c
 $(BUILD)/tests/vmm_errors: tests/gpu/vmm_errors.cu tests/gpu/vmm_pair.h $(FAKE)
 	$(CC) -x c -std=gnu11 -O1 -Wall -Wextra -DVMM_ERRORS_NO_COPY -I$(CUDA_HOME)/include $(SANITIZE) \
 	    -o $@ $< -x none -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
+
+# Exporter and importer of the release tests: linked with the stand-in
+# driver, run with the library preloaded; the test reads the stand-in's book.
+$(BUILD)/tests/ghost_peer: tests/ghost_peer.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
+
+$(BUILD)/tests/test_ghost: tests/test_ghost.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
 $(BUILD)/tests/probe: tests/probe.c $(FAKE)

@@ -444,3 +444,24 @@ const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c)
 {
     return c->top;
 }
+
+/* Removes idle entries of the allocation behind handle, in any context (at
+ * most cap), describing them in out[]; the caller closes them. Adds to
+ * *live_bytes the bytes of its entries still referenced (left in place).
+ * Used when the exporter frees that allocation. */
+size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
+                                      struct ipcc_victim *out, size_t cap,
+                                      uint64_t *live_bytes)
+{
+    struct ipcc_entry *e, *tmp;
+    size_t n = 0;
+    HASH_ITER(hh_key, c->by_key, e, tmp) {
+        if (memcmp(e->key.handle, handle, IPCC_HANDLE_BYTES) != 0)
+            continue;
+        if (e->refs > 0)
+            *live_bytes += e->bytes;
+        else if (n < cap)
+            remove_entry(c, e, out, cap, &n);
+    }
+    return n;
+}

@@ -25,6 +25,7 @@ struct ipcc_config ipcc_config = {
     .max_idle_entries = DEFAULT_MAX_IDLE_ENTRIES,
     .log_level = IPCC_LOG_WARN,
     .stats_signal = SIGUSR1,
+    .release_wait_ms = 100,
 };
 
 /* ---- value parsers: return 0 on success, -1 on a bad value ------------- */
@@ -177,6 +178,16 @@ static int set_signal(const char *s)
 }
 static int set_at_exit(const char *s) { return ipcc_parse_bool(s, &ipcc_config.stats_at_exit); }
 
+/* A minute at most: a free is not meant to hang on a stuck importer. */
+static int set_release_wait(const char *s)
+{
+    uint64_t ms;
+    if (ipcc_parse_count(s, &ms) < 0 || ms > 60000)
+        return -1;
+    ipcc_config.release_wait_ms = ms;
+    return 0;
+}
+
 /* The stats file for process `pid`: %p becomes the pid, %% a percent sign.
  * Expanded at each write, not once: a fork child writes to its own file.
  * Returns 0, or -1 for an unknown escape or a path longer than cap - 1.
@@ -250,6 +261,9 @@ static const struct ipcc_setting settings[] = {
       " NSIG-1, offsets past RTMAX. Set explicitly, it also takes a signal the program ignores." },
     { "IPCCACHE_STATS_AT_EXIT", set_at_exit, "a boolean", "0",
       "Also write a stats line at normal exit." },
+    { "IPCCACHE_RELEASE_WAIT_MS", set_release_wait, "milliseconds from 0 to 60000", "100",
+      "How long an exporter's free of memory it exported waits for importers to close their idle"
+      " mappings of it. A stopped or stuck importer costs this much once per free." },
     { "IPCCACHE_STRICT", set_strict, "a boolean", "0",
       "A bad value in any setting stops the process (exit status 78) instead of warning." },
 };

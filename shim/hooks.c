@@ -17,6 +17,7 @@
 #undef cuCtxDestroy
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuMemFree
 
 typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 typedef CUresult (*proc_v1_fn)(const char *, void **, int, cuuint64_t);
@@ -34,6 +35,7 @@ IPCC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handl
 IPCC_EXPORT CUresult cuCtxDestroy(CUcontext ctx);
 IPCC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 IPCC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+IPCC_EXPORT CUresult cuMemFree(unsigned int dptr); /* the 32-bit CUdeviceptr_v1 ABI */
 
 /* Without a driver there is nothing to forward to. */
 #define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
@@ -54,7 +56,26 @@ IPCC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle ha
 
 IPCC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    return (CUresult)ipcc_close((uint64_t)dptr);
+    CUresult rc = (CUresult)ipcc_close((uint64_t)dptr);
+    ipcc_ghost_after_close();
+    return rc;
+}
+
+/* ---- exported memory: its free waits for importers' idle mappings ------- */
+
+IPCC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+    return (CUresult)ipcc_exporter_get_handle(handle, (uint64_t)dptr);
+}
+
+IPCC_EXPORT CUresult cuMemFree(unsigned int dptr)
+{
+    return (CUresult)ipcc_exporter_free(IPCC_SLOT_MEM_FREE_V1, dptr);
+}
+
+IPCC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    return (CUresult)ipcc_exporter_free(IPCC_SLOT_MEM_FREE_V2, (uint64_t)dptr);
 }
 
 /* ---- the resolver ------------------------------------------------------- */
@@ -228,4 +249,7 @@ struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT] = {
     HOOK(IPCC_SLOT_VMM_SET_ACCESS, cuMemSetAccess, "cuMemSetAccess", 10020),
     HOOK(IPCC_SLOT_VMM_GET_ACCESS, cuMemGetAccess, "cuMemGetAccess", 10020),
     HOOK(IPCC_SLOT_VMM_RELEASE, cuMemRelease, "cuMemRelease", 10020),
+    HOOK(IPCC_SLOT_IPC_GET, cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010),
+    HOOK(IPCC_SLOT_MEM_FREE_V1, cuMemFree, "cuMemFree", 2000),
+    HOOK(IPCC_SLOT_MEM_FREE_V2, cuMemFree_v2, "cuMemFree", 3020),
 };

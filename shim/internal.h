@@ -260,6 +260,7 @@ struct ipcc_config {
     int strict;
     char stats_file[512];    /* as written, %p not expanded; empty: none */
     char stats_dir[256];     /* empty: the per-user directory (userdir.c) */
+    uint64_t release_wait_ms; /* an exporter's free waits this long for importers */
 };
 
 IPCC_HIDDEN extern struct ipcc_config ipcc_config;
@@ -311,6 +312,7 @@ struct ipcc_counters {
     _Atomic uint64_t real_open_ns, real_open_samples;
     _Atomic uint64_t real_close_ns, real_close_samples;
     _Atomic uint64_t vmm_imports, vmm_import_hits, vmm_maps, vmm_map_hits, vmm_access_skips;
+    _Atomic uint64_t releases_on_request; /* idle mappings closed for their exporter */
 };
 
 /* Counters are striped: each thread adds to its own cache line, so threads
@@ -344,6 +346,7 @@ struct ipcc_driver {
     int (*ctx_push)(void *ctx);
     int (*ctx_pop)(void **ctx);
     int (*mem_get_range)(uint64_t *base, size_t *size, uint64_t dptr);
+    int (*thread_capture_mode)(int *mode); /* cuThreadExchangeStreamCaptureMode */
 };
 
 IPCC_HIDDEN const struct ipcc_driver *ipcc_driver(void);
@@ -372,6 +375,9 @@ enum ipcc_slot {
     IPCC_SLOT_VMM_SET_ACCESS,
     IPCC_SLOT_VMM_GET_ACCESS,
     IPCC_SLOT_VMM_RELEASE,
+    IPCC_SLOT_IPC_GET,
+    IPCC_SLOT_MEM_FREE_V1,
+    IPCC_SLOT_MEM_FREE_V2,
     IPCC_SLOT_COUNT
 };
 
@@ -415,5 +421,63 @@ IPCC_HIDDEN void ipcc_lock(void);
 IPCC_HIDDEN void ipcc_unlock(void);
 IPCC_HIDDEN int ipcc_lock_try(void);
 IPCC_HIDDEN void ipcc_lock_reset(void);
+
+/* ---- the release ledger: exporters' frees reach importers' idle mappings --
+ * (ledger.c, ledger_request.c, exporter.c, release_helper.c; README "Idle
+ * mappings and the exporter's free"). */
+
+#define IPCC_LEDGER_IMPORTERS 64
+#define IPCC_LEDGER_REQUESTS 64
+
+/* A process as the ledger names it: a pid alone may be reused, so with its
+ * start time (clock ticks after boot, /proc/<pid>/stat field 22). */
+struct ipcc_proc {
+    int32_t pid;
+    uint32_t zero_pad;
+    uint64_t start;
+};
+
+/* userdir.c: the checked 0700 per-user directory, O_DIRECTORY fd or -1. */
+IPCC_HIDDEN int ipcc_userdir_open(void);
+
+/* ledger.c: the file, process identity, exports and importer slots. */
+IPCC_HIDDEN int ipcc_ledger_ready(void);
+IPCC_HIDDEN struct ipcc_proc ipcc_proc_self(void);
+IPCC_HIDDEN uint64_t ipcc_proc_start(int32_t pid);
+IPCC_HIDDEN int ipcc_proc_alive(int32_t pid, uint64_t start);
+IPCC_HIDDEN int ipcc_ledger_publish(const void *handle);
+IPCC_HIDDEN void ipcc_ledger_unpublish(const void *handle);
+IPCC_HIDDEN int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner);
+IPCC_HIDDEN int ipcc_ledger_unpublished(void);
+IPCC_HIDDEN int ipcc_ledger_register(void);
+IPCC_HIDDEN void ipcc_ledger_unregister(int slot);
+IPCC_HIDDEN void ipcc_ledger_watch(int slot, int32_t exporter_pid);
+IPCC_HIDDEN void ipcc_ledger_unwatch(int slot, int32_t exporter_pid);
+IPCC_HIDDEN uint32_t ipcc_ledger_doorbell(int slot);
+IPCC_HIDDEN void ipcc_ledger_sleep(int slot, uint32_t seen, uint64_t ns);
+
+/* ledger_request.c: one exporter's "let go of this handle", and answers. */
+struct ipcc_ledger_ask {
+    int index;
+    uint32_t gen;
+    unsigned char handle[IPCC_HANDLE_BYTES];
+};
+IPCC_HIDDEN int ipcc_ledger_release(const void *handle, uint64_t wait_ns);
+IPCC_HIDDEN int ipcc_ledger_next_ask(int slot, int from, struct ipcc_ledger_ask *ask);
+IPCC_HIDDEN void ipcc_ledger_answer(int slot, const struct ipcc_ledger_ask *ask);
+
+/* exporter.c: cuIpcGetMemHandle and cuMemFree{,_v2} of exported memory. */
+IPCC_HIDDEN int ipcc_exporter_get_handle(void *handle, uint64_t dptr);
+IPCC_HIDDEN int ipcc_exporter_free(int slot, uint64_t dptr);
+
+/* release_helper.c: the importer's side. */
+IPCC_HIDDEN void ipcc_ghost_note_open(const void *handle);
+IPCC_HIDDEN void ipcc_ghost_after_close(void);
+IPCC_HIDDEN uint64_t ipcc_ghost_bytes(void);
+
+/* cache.c: idle entries of one exporter's allocation, in any context. */
+IPCC_HIDDEN size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
+                                                  struct ipcc_victim *out, size_t cap,
+                                                  uint64_t *live_bytes);
 
 #endif

@@ -161,6 +161,8 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
     ipcc_lock();
     int inserted = ipcc_cache_insert(ipcc_table(), key, ctx, dptr, bytes, ipcc_now_ns(), &cached);
     ipcc_unlock();
+    if (inserted > 0)
+        ipcc_ghost_note_open(key->handle);
     if (inserted == 0) {
         timed_real_close((close_fn)ipcc_real(IPCC_SLOT_CLOSE), dptr);
         *pdptr = cached;

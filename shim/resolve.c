@@ -241,6 +241,8 @@ static void find_driver_functions(void)
     driver.ctx_pop = (int (*)(void **))driver_function("cuCtxPopCurrent_v2");
     driver.mem_get_range =
         (int (*)(uint64_t *, size_t *, uint64_t))driver_function("cuMemGetAddressRange_v2");
+    driver.thread_capture_mode =
+        (int (*)(int *))driver_function("cuThreadExchangeStreamCaptureMode");
     if (!driver.ctx_get_current)
         ipcc_log(IPCC_LOG_WARN, "driver lacks cuCtxGetCurrent; caching is off");
 }

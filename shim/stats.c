@@ -124,6 +124,8 @@ static void put_gauges(struct ipcc_out *o)
     put_field(o, "idle_bytes", g ? load(&g->idle_bytes) : 0);
     put_field(o, "evictions", IPCC_TOTAL(evictions));
     put_field(o, "invalidations", IPCC_TOTAL(invalidations));
+    put_field(o, "releases_on_request", IPCC_TOTAL(releases_on_request));
+    put_field(o, "ghost_bytes", ipcc_ghost_bytes());
     put_field(o, "passthrough", IPCC_TOTAL(open_passthrough) + IPCC_TOTAL(close_passthrough));
     put_field(o, "errors", IPCC_TOTAL(errors));
 }

@@ -97,6 +97,12 @@ static __thread int t_depth;
 
 #define CHECK_DEINIT() do { if (is_deinit()) return CUDA_ERROR_DEINITIALIZED; } while (0)
 
+/* The "physical memory" block at the end of this file. */
+static int capture_forbids_unsafe_calls(void);
+static void phys_note_alloc(uint64_t serial, uint64_t bytes);
+static void phys_note_free(uint64_t serial);
+static void phys_note_map(uint64_t owner, uint64_t serial, int delta);
+
 /* ---- environment and small helpers ---- */
 
 static long env_long(const char *name, long dflt)
@@ -174,6 +180,7 @@ static void push_current(int s)
 
 static void remove_map(size_t i)
 {
+    phys_note_map(g_maps[i].pid, g_maps[i].serial, -1);
     g_maps[i] = g_maps[--g_nmaps];
     g_cnt.live_mappings--;
 }
@@ -506,6 +513,7 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
             /* A fresh serial even when the address is reused. */
             g_alloc[i] = (struct falloc){1, bytes, g_next_serial++};
             *dptr = alloc_addr(i);
+            phys_note_alloc(g_alloc[i].serial, bytes);
             return unlock_ret(CUDA_SUCCESS);
         }
     }
@@ -518,6 +526,7 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     lock();
     int i = alloc_find(dptr, 1);
     if (i >= 0) g_alloc[i].used = 0;
+    if (i >= 0) phys_note_free(g_alloc[i].serial);
     unlock();
     return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -635,6 +644,7 @@ static CUresult add_map(int s, uint64_t pid, uint64_t serial, uint64_t bytes, CU
     }
     CUdeviceptr a = pick_addr(s, serial);
     g_maps[g_nmaps++] = (struct fmap){s, pid, serial, a, (size_t)bytes, 1};
+    phys_note_map(pid, serial, +1);
     g_cnt.maps++;
     g_cnt.live_mappings++;
     *out = a;
@@ -713,6 +723,7 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     g_cnt.close_calls++;
     int s = current_slot();
     if (is_deinit()) return unlock_ret(CUDA_ERROR_DEINITIALIZED);
+    if (capture_forbids_unsafe_calls()) return unlock_ret(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
     long i = map_find(s, dptr, 1);
     if (i < 0) return unlock_ret(CUDA_ERROR_INVALID_VALUE); /* incl. double close */
@@ -885,4 +896,160 @@ __attribute__((destructor)) static void write_counters_at_exit(void)
             " open_calls=%" PRIu64 " close_calls=%" PRIu64 " live=%" PRId64 "\n",
             c.maps, c.unmaps, c.teardown_unmaps, c.open_calls, c.close_calls, c.live_mappings);
     fclose(f);
+}
+
+/* ==== "physical" memory, across processes ==================================
+ *
+ * What the driver does with an exported allocation's memory: it stays
+ * allocated until its owner has freed it (or exited) AND no process maps it
+ * any more. Each process has its own stand-in, so the book is kept in a small
+ * file shared by every process of a test, FAKECUDA_PHYS_DIR/phys, changed
+ * under an exclusive lock. Off (and free) when the variable is unset.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+
+#define PHYS_ALLOCS 1024
+#define PHYS_HOLDERS 4096
+
+struct phys_alloc { int64_t owner; uint64_t serial, bytes; int32_t used, freed; };
+/* One process's mappings of one allocation, in all its contexts. */
+struct phys_holder { int64_t holder, owner; uint64_t serial; int64_t count; };
+struct phys_book {
+    struct phys_alloc allocs[PHYS_ALLOCS];
+    struct phys_holder holders[PHYS_HOLDERS];
+};
+
+static struct { pid_t pid; int fd; struct phys_book *book; } g_phys = { 0, -1, NULL };
+
+/* Opened per process: a lock held through a descriptor shared with a fork
+ * parent would not keep the two apart. */
+static struct phys_book *phys_lock(void)
+{
+    const char *dir = getenv("FAKECUDA_PHYS_DIR");
+    if (!dir || !*dir) return NULL;
+    if (g_phys.pid != getpid()) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/phys", dir);
+        if (g_phys.book) munmap(g_phys.book, sizeof *g_phys.book);
+        if (g_phys.fd >= 0) close(g_phys.fd);
+        g_phys.book = NULL;
+        g_phys.pid = getpid();
+        g_phys.fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (g_phys.fd < 0 || ftruncate(g_phys.fd, sizeof *g_phys.book) != 0) return NULL;
+        void *m = mmap(NULL, sizeof *g_phys.book, PROT_READ | PROT_WRITE, MAP_SHARED, g_phys.fd, 0);
+        g_phys.book = m == MAP_FAILED ? NULL : m;
+    }
+    if (!g_phys.book || flock(g_phys.fd, LOCK_EX) != 0) return NULL;
+    return g_phys.book;
+}
+
+static void phys_unlock(void) { flock(g_phys.fd, LOCK_UN); }
+
+static void phys_note_alloc(uint64_t serial, uint64_t bytes)
+{
+    struct phys_book *b = phys_lock();
+    if (!b) return;
+    for (int i = 0; i < PHYS_ALLOCS; i++) {
+        if (!b->allocs[i].used) {
+            b->allocs[i] = (struct phys_alloc){getpid(), serial, bytes, 1, 0};
+            break;
+        }
+    }
+    phys_unlock();
+}
+
+static void phys_note_free(uint64_t serial)
+{
+    struct phys_book *b = phys_lock();
+    if (!b) return;
+    for (int i = 0; i < PHYS_ALLOCS; i++)
+        if (b->allocs[i].used && b->allocs[i].owner == getpid() && b->allocs[i].serial == serial)
+            b->allocs[i].freed = 1;
+    phys_unlock();
+}
+
+/* This process maps (delta +1) or unmaps (-1) the allocation (owner, serial). */
+static void phys_note_map(uint64_t owner, uint64_t serial, int delta)
+{
+    struct phys_book *b = phys_lock();
+    if (!b) return;
+    struct phys_holder *h = NULL, *empty = NULL;
+    for (int i = 0; i < PHYS_HOLDERS && !h; i++) {
+        struct phys_holder *x = &b->holders[i];
+        if (x->count > 0 && x->holder == getpid() && x->owner == (int64_t)owner && x->serial == serial)
+            h = x;
+        else if (x->count <= 0 && !empty)
+            empty = x;
+    }
+    if (!h && delta > 0 && empty)
+        *(h = empty) = (struct phys_holder){getpid(), (int64_t)owner, serial, 0};
+    if (h) h->count += delta; /* a fork child unmapping its parent's: no record */
+    phys_unlock();
+}
+
+/* A process that has exited (a zombie included) holds nothing. */
+static int phys_alive(int64_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+}
+
+static int phys_mapped(const struct phys_book *b, const struct phys_alloc *a)
+{
+    for (int i = 0; i < PHYS_HOLDERS; i++) {
+        const struct phys_holder *h = &b->holders[i];
+        if (h->count > 0 && h->owner == a->owner && h->serial == a->serial && phys_alive(h->holder))
+            return 1;
+    }
+    return 0;
+}
+
+/* Bytes of every allocation of the test still physically allocated. */
+uint64_t fakecuda_phys_bytes(void)
+{
+    struct phys_book *b = phys_lock();
+    if (!b) return 0;
+    uint64_t total = 0;
+    for (int i = 0; i < PHYS_ALLOCS; i++) {
+        const struct phys_alloc *a = &b->allocs[i];
+        if (a->used && ((!a->freed && phys_alive(a->owner)) || phys_mapped(b, a)))
+            total += a->bytes;
+    }
+    phys_unlock();
+    return total;
+}
+
+/* ---- stream capture in global mode ----
+ * FAKECUDA_GLOBAL_CAPTURE=1 plays a thread of the process capturing a CUDA
+ * graph in global mode: every other thread's potentially unsafe call (an IPC
+ * close among them) then fails, unless that thread switched itself to the
+ * relaxed mode. */
+static __thread CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    CHECK_DEINIT();
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+static int capture_forbids_unsafe_calls(void)
+{
+    return env_long("FAKECUDA_GLOBAL_CAPTURE", 0) == 1 &&
+           t_capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
 }

@@ -68,6 +68,11 @@ void fakecuda_on_next_push(void (*fn)(void *arg), void *arg);
 /* "FAKEIPC1" */
 const char *fakecuda_handle_magic(void);
 
+/* Bytes still "physically" allocated by every process sharing the book
+ * FAKECUDA_PHYS_DIR/phys: an allocation counts until its owner freed it (or
+ * exited) and no live process maps it. 0 when the variable is unset. */
+uint64_t fakecuda_phys_bytes(void);
+
 /* CUDA 13's <cuda.h> no longer declares the 3-argument context creator (its
  * cuCtxCreate macro means cuCtxCreate_v4); the fake exports it. */
 CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags,

@@ -5,7 +5,7 @@
 # one line, "tests: N passed, M failed, K skipped". Exits non-zero if anything
 # failed, any test program exited non-zero, or an expected program is missing.
 #
-#   - the Criterion programs BUILD/tests/test_{unit,e2e,process}, two jobs at
+#   - the Criterion programs BUILD/tests/test_{unit,e2e,process,ghost}, two jobs at
 #     a time (the machine has two cores); their "Synthesis:" lines are summed,
 #     and the tests they list but did not run are the skipped ones;
 #   - tests/check_exports.sh on BUILD/libipccache.so, counted as one check;
@@ -128,7 +128,7 @@ run_script() {
     fi
 }
 
-for t in test_unit test_e2e test_process; do
+for t in test_unit test_e2e test_process test_ghost; do
     run_criterion "$t"
 done
 run_check_exports

@@ -283,3 +283,26 @@ Test(cache, out_of_memory_caches_nothing)
     cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
     cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_PAST_ZERO);
 }
+
+/* Taking by handle removes that allocation's idle entries in every context,
+ * leaves its referenced ones (reporting their bytes) and other handles alone. */
+Test(cache, take_idle_by_handle)
+{
+    insert(1, 1, 0x1000, 4096);
+    insert(2, 1, 0x2000, 4096);
+    insert(3, 1, 0x3000, 8192);
+    insert(1, 2, 0x4000, 4096);
+    ipcc_cache_release(cache, 1, 0x1000);
+    ipcc_cache_release(cache, 2, 0x2000);
+    ipcc_cache_release(cache, 1, 0x4000);
+    struct ipcc_key k = key(1, 1); /* sets handle_bytes to tag 1 */
+    (void)k;
+    struct ipcc_victim v[4];
+    uint64_t live = 0;
+    cr_assert_eq(ipcc_cache_take_idle_by_handle(cache, handle_bytes, v, 4, &live), 2);
+    cr_assert_eq(live, 8192);
+    cr_assert_eq(v[0].dptr + v[1].dptr, 0x3000);
+    cr_assert_eq(ipcc_cache_count(cache), 2);
+    cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->idle), 1);
+    cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->idle_bytes), 4096);
+}

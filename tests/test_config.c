@@ -260,3 +260,19 @@ Test(config, documented_defaults_are_the_defaults, .timeout = 10)
     cr_assert_str_eq(ipcc_config.stats_file, built_in.stats_file);
     cr_assert_str_eq(ipcc_config.stats_dir, built_in.stats_dir);
 }
+
+/* The release wait takes milliseconds up to a minute; a bad value keeps 100. */
+Test(config, release_wait, .timeout = 10)
+{
+    setenv("IPCCACHE_LOG", "error", 1);
+    setenv("IPCCACHE_RELEASE_WAIT_MS", "250", 1);
+    ipcc_config_load();
+    cr_assert_eq(ipcc_config.release_wait_ms, 250);
+    ipcc_config.release_wait_ms = 100;
+    setenv("IPCCACHE_RELEASE_WAIT_MS", "60001", 1);
+    ipcc_config_load();
+    cr_assert_eq(ipcc_config.release_wait_ms, 100);
+    setenv("IPCCACHE_RELEASE_WAIT_MS", "1s", 1);
+    ipcc_config_load();
+    cr_assert_eq(ipcc_config.release_wait_ms, 100);
+}

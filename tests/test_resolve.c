@@ -52,7 +52,9 @@ Test(resolve, dlsym_on_driver_handle, .timeout = 10)
     assert_ours(dlsym(h, "cuGetProcAddress_v2"));
     assert_ours(dlsym(h, "cuGetProcAddress"));
     assert_drivers(dlsym(h, "cuCtxCreate_v2"));
-    assert_drivers(dlsym(h, "cuIpcGetMemHandle"));
+    assert_ours(dlsym(h, "cuIpcGetMemHandle"));
+    assert_ours(dlsym(h, "cuMemFree_v2"));
+    assert_drivers(dlsym(h, "cuMemAlloc_v2"));
 }
 
 /* A name the library does not have stays unfound, with dlerror set. */

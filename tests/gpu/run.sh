@@ -13,6 +13,7 @@
 #   IPC_SIZE       exported buffer size in bytes (default 64 MiB)
 #   TORCH_ITERS    messages in the PyTorch check (default 50)
 #   GPU_TEST_TIMEOUT  seconds allowed per program run (default 180)
+#   GHOST_SIZE     bytes the exporter frees in the ghost-memory check (default 8 GiB)
 set -u
 
 cd "$(dirname "$0")/../.." || exit 2
@@ -206,6 +207,37 @@ torch_suite() {
         "real_opens==1" "hits>=$((TORCH_ITERS - 1))" "errors==0"
 }
 
+# An exporter's free gives its memory back although the importer cached an
+# idle mapping of it: ghost_free.cu (both cudarts' driver path) and PyTorch.
+ghost_suite() {
+    local bin=$BUILD_DIR/ghost_free placements="0:0" pl tag off on sdir ip
+    # shellcheck disable=SC2046  # gpu_arch is several words on purpose
+    if ! "$NVCC" -O2 $(gpu_arch) -o "$bin" "$HERE/ghost_free.cu" >"$OUT_DIR/build_ghost.log" 2>&1; then
+        fail build_ghost_free "see $OUT_DIR/build_ghost.log"
+        return
+    fi
+    [ "$NGPU" -ge 2 ] && placements="0:0 0:1"
+    for pl in $placements; do
+        tag=ghost_${pl/:/_}
+        off=$OUT_DIR/${tag}_off.txt on=$OUT_DIR/${tag}_on.txt sdir=$OUT_DIR/${tag}_stats
+        run_plain "$off" "$bin" --size "${GHOST_SIZE:-8589934592}" \
+            --export-device "${pl%:*}" --import-device "${pl#*:}"
+        run_shim "$on" "$sdir" "$bin" --size "${GHOST_SIZE:-8589934592}" \
+            --export-device "${pl%:*}" --import-device "${pl#*:}"
+        check "${tag}_no_shim_freed" test "$(value ok "$off")" = 1
+        check "${tag}_shim_freed" test "$(value ok "$on")" = 1
+        ip=$(value importer_pid "$on")
+        check "${tag}_shim_importer_released" python3 "$HERE/stats_check.py" \
+            "$(stats_of "$sdir" "${ip:-none}")" "releases_on_request==1" "ghost_bytes==0"
+    done
+    if torch_ready; then
+        run_plain "$OUT_DIR/torch_ghost_off.txt" python3 "$HERE/torch_ghost.py"
+        run_shim "$OUT_DIR/torch_ghost_on.txt" "$OUT_DIR/torch_ghost_stats" python3 "$HERE/torch_ghost.py"
+        check torch_ghost_no_shim_freed test "$(value ok "$OUT_DIR/torch_ghost_off.txt")" = 1
+        check torch_ghost_shim_freed test "$(value ok "$OUT_DIR/torch_ghost_on.txt")" = 1
+    fi
+}
+
 main() {
     build || { echo "test-gpu: $PASSED passed, $FAILED failed"; exit 1; }
     local rt
@@ -221,6 +253,7 @@ main() {
         echo "SKIP cross-device ipc_pair (one GPU)"
     fi
     teardown_suite
+    ghost_suite
     if torch_ready; then
         torch_suite
     else

@@ -1,0 +1,363 @@
+/*
+ * ledger.c - the release ledger's file, the processes it names, the table of
+ * exported allocations and the importers' slots. Requests live in
+ * ledger_request.c; the layout in ledger.h.
+ *
+ * One file per user, "release-ledger-v1" in the per-user directory (0700, so
+ * another user can neither read nor write it), opened without following links
+ * and refused unless it is a regular file of ours, mode 0600, of the expected
+ * size. Without it (no directory, refused, out of memory) nothing breaks:
+ * exporters free at once, as without the library, and importers' caps still
+ * bound what idle mappings pin.
+ *
+ * No lock: every slot is claimed with a compare-and-swap on its pid word.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ledger.h"
+
+static struct ipcc_ledger_file *ledger;
+static pthread_once_t open_once = PTHREAD_ONCE_INIT;
+
+struct ipcc_ledger_file *ipcc_ledger_file(void)
+{
+    return ledger;
+}
+
+/* ---- processes ------------------------------------------------------------ */
+
+/* Start time of pid in clock ticks after boot; 0 if it is gone, a zombie
+ * (its mappings died with it), or /proc cannot tell. */
+uint64_t ipcc_proc_start(int32_t pid)
+{
+    char path[40], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* The name in parentheses may hold anything; fields follow the last ')'. */
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X')
+        return 0;
+    unsigned long long start = 0;
+    if (sscanf(p + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
+                      "%*s %*s %*s %*s %llu", &start) != 1)
+        return 0;
+    return start;
+}
+
+/* Recomputed when the pid changes: a fork child is another process. */
+struct ipcc_proc ipcc_proc_self(void)
+{
+    static _Thread_local struct ipcc_proc self;
+    int32_t pid = (int32_t)getpid();
+    if (self.pid != pid) {
+        self.start = ipcc_proc_start(pid);
+        self.pid = pid;
+    }
+    return self;
+}
+
+/* Whether the process (pid, start) still runs. A start of 0 means unknown:
+ * then the pid alone decides. Same user only, so a pid we may not signal
+ * (EPERM) belongs to someone else now. */
+int ipcc_proc_alive(int32_t pid, uint64_t start)
+{
+    if (pid <= 0 || kill(pid, 0) != 0)
+        return 0;
+    if (start == 0 || ipcc_proc_self().start == 0) /* no /proc to ask */
+        return 1;
+    return ipcc_proc_start(pid) == start;
+}
+
+/* ---- futexes in the shared mapping ---------------------------------------- */
+
+void ipcc_futex_wake(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Sleeps while *word == seen, at most ns; spurious returns are fine. */
+void ipcc_futex_wait(_Atomic uint32_t *word, uint32_t seen, uint64_t ns)
+{
+    struct timespec ts = { (time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL) };
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+
+/* ---- the file --------------------------------------------------------------- */
+
+static int open_file(int dir)
+{
+    int flags = O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+    int fd = openat(dir, IPCC_LEDGER_NAME, flags | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0 && fchmod(fd, 0600) != 0) { /* ours, new: against a strict umask */
+        close(fd);
+        return -1;
+    }
+    if (fd < 0 && errno == EEXIST)
+        fd = openat(dir, IPCC_LEDGER_NAME, flags);
+    return fd;
+}
+
+/* A regular file of ours, 0600, of our size or still empty (its creator is
+ * about to size it: sizing it twice is harmless). */
+static const char *check_file(int fd)
+{
+    struct stat st;
+    if (ipcc_fstat(fd, &st) != 0)
+        return "cannot stat it";
+    if (!S_ISREG(st.st_mode))
+        return "not a regular file";
+    if (st.st_uid != geteuid())
+        return "owned by another user";
+    if ((st.st_mode & 07777) != 0600)
+        return "mode is not 0600";
+    if (st.st_size == 0 && ftruncate(fd, sizeof(struct ipcc_ledger_file)) != 0)
+        return "cannot size it";
+    if (st.st_size != 0 && (uint64_t)st.st_size != sizeof(struct ipcc_ledger_file))
+        return "wrong size (another version?)";
+    return NULL;
+}
+
+/* The first process to map the file stamps it; any other stamp is refused. */
+static const char *check_magic(struct ipcc_ledger_file *f)
+{
+    uint64_t zero = 0;
+    if (atomic_compare_exchange_strong(&f->magic, &zero, IPCC_LEDGER_MAGIC))
+        return NULL;
+    return zero == IPCC_LEDGER_MAGIC ? NULL : "unknown format";
+}
+
+static void open_ledger(void)
+{
+    int dir = ipcc_userdir_open();
+    if (dir < 0) {
+        ipcc_log(IPCC_LOG_INFO, "no per-user directory: frees of exported memory will not "
+                                "wait for importers");
+        return;
+    }
+    int fd = open_file(dir);
+    close(dir);
+    const char *why = fd < 0 ? strerror(errno) : check_file(fd);
+    void *map = MAP_FAILED;
+    if (!why) {
+        map = mmap(NULL, sizeof(struct ipcc_ledger_file), PROT_READ | PROT_WRITE, MAP_SHARED,
+                   fd, 0);
+        why = map == MAP_FAILED ? "cannot map it" : check_magic(map);
+    }
+    if (fd >= 0)
+        close(fd);
+    if (why) {
+        if (map != MAP_FAILED)
+            munmap(map, sizeof(struct ipcc_ledger_file));
+        ipcc_log(IPCC_LOG_WARN, "release ledger %s refused (%s): frees of exported memory "
+                                "will not wait for importers", IPCC_LEDGER_NAME, why);
+        return;
+    }
+    ledger = map;
+}
+
+/* Opens the ledger at the first use; 1 when it can be used. */
+int ipcc_ledger_ready(void)
+{
+    pthread_once(&open_once, open_ledger);
+    return ledger != NULL;
+}
+
+/* ---- exported allocations ------------------------------------------------- */
+
+static uint32_t handle_hash(const unsigned char *h)
+{
+    uint32_t x = 2166136261u;
+    for (int i = 0; i < IPCC_HANDLE_BYTES; i++)
+        x = (x ^ h[i]) * 16777619u;
+    return x;
+}
+
+/* The i-th entry of the probe sequence that starts at hash. */
+static struct ipcc_ledger_export *export_at(uint32_t hash, int i)
+{
+    return &ledger->exports[(hash + (uint32_t)i) % IPCC_LEDGER_EXPORTS];
+}
+
+/* Takes a free entry, or one whose owner died (without a /proc read: a
+ * recycled pid only costs an entry until that process ends too). */
+static int claim_export(struct ipcc_ledger_export *e, int32_t me)
+{
+    int32_t owner = atomic_load(&e->pid);
+    if (owner != 0 && (owner == me || ipcc_proc_alive(owner, 0)))
+        return 0;
+    if (!atomic_compare_exchange_strong(&e->pid, &owner, me))
+        return 0;
+    atomic_store(&e->ready, 0); /* a dead owner's entry may still say ready */
+    return 1;
+}
+
+/* Records that this process exported handle; 0, or -1 when the ledger is
+ * missing or the handle's probe sequence is full. */
+int ipcc_ledger_publish(const void *handle)
+{
+    if (!ipcc_ledger_ready())
+        return -1;
+    struct ipcc_proc me = ipcc_proc_self();
+    uint32_t hash = handle_hash(handle);
+    struct ipcc_ledger_export *e;
+    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
+        e = export_at(hash, i);
+        if (atomic_load(&e->pid) == me.pid && atomic_load(&e->ready) &&
+            memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0)
+            return 0;
+    }
+    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
+        e = export_at(hash, i);
+        if (!claim_export(e, me.pid))
+            continue;
+        atomic_store(&e->start, me.start);
+        memcpy(e->handle, handle, IPCC_HANDLE_BYTES);
+        atomic_store_explicit(&e->ready, 1, memory_order_release);
+        return 0;
+    }
+    atomic_store(&ledger->unpublished, 1);
+    return -1;
+}
+
+/* Whether some exporter's handle is missing from the table: then an importer
+ * cannot tell who exported what it maps, and must listen to every exporter. */
+int ipcc_ledger_unpublished(void)
+{
+    return ledger && atomic_load(&ledger->unpublished);
+}
+
+void ipcc_ledger_unpublish(const void *handle)
+{
+    if (!ledger)
+        return;
+    int32_t me = ipcc_proc_self().pid;
+    uint32_t hash = handle_hash(handle);
+    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
+        struct ipcc_ledger_export *e = export_at(hash, i);
+        int32_t owner = me;
+        if (atomic_load(&e->pid) == me && memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0) {
+            atomic_store(&e->ready, 0);
+            atomic_compare_exchange_strong(&e->pid, &owner, 0);
+        }
+    }
+}
+
+/* Who exported handle: 1 with *owner set, 0 if the ledger does not know. */
+int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
+{
+    if (!ipcc_ledger_ready())
+        return 0;
+    uint32_t hash = handle_hash(handle);
+    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
+        struct ipcc_ledger_export *e = export_at(hash, i);
+        int32_t pid = atomic_load(&e->pid);
+        if (!pid || !atomic_load_explicit(&e->ready, memory_order_acquire))
+            continue;
+        owner->pid = pid;
+        owner->zero_pad = 0;
+        owner->start = atomic_load(&e->start);
+        int same = memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0;
+        /* Re-read: the entry may have changed hands while we compared. */
+        if (same && atomic_load(&e->ready) && atomic_load(&e->pid) == pid)
+            return 1;
+    }
+    return 0;
+}
+
+/* ---- importers ------------------------------------------------------------ */
+
+static int claim_importer(struct ipcc_ledger_importer *s, int32_t me)
+{
+    int32_t owner = atomic_load(&s->pid);
+    if (owner != 0 && ipcc_proc_alive(owner, atomic_load(&s->start)))
+        return 0;
+    return atomic_compare_exchange_strong(&s->pid, &owner, me);
+}
+
+/* Takes an importer slot for this process: its index, or -1 (no ledger, or
+ * 64 live importers already). */
+int ipcc_ledger_register(void)
+{
+    if (!ipcc_ledger_ready())
+        return -1;
+    struct ipcc_proc me = ipcc_proc_self();
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++) {
+        struct ipcc_ledger_importer *s = &ledger->importers[i];
+        if (!claim_importer(s, me.pid))
+            continue;
+        atomic_store(&s->start, 0);
+        atomic_store(&s->any, 0);
+        for (int w = 0; w < IPCC_LEDGER_WATCH; w++)
+            atomic_store(&s->watch[w], 0);
+        for (int r = 0; r < IPCC_LEDGER_REQUESTS; r++)
+            atomic_store(&s->acked[r], 0);
+        atomic_store_explicit(&s->start, me.start, memory_order_release);
+        return i;
+    }
+    return -1;
+}
+
+/* Gives the slot back, if it is still ours. Never blocks (exit path). */
+void ipcc_ledger_unregister(int slot)
+{
+    if (!ledger || slot < 0)
+        return;
+    int32_t me = ipcc_proc_self().pid;
+    atomic_compare_exchange_strong(&ledger->importers[slot].pid, &me, 0);
+}
+
+/* Asks exporter_pid's frees to wake this slot; 0 (or a full list) means
+ * "every exporter's". */
+void ipcc_ledger_watch(int slot, int32_t exporter_pid)
+{
+    struct ipcc_ledger_importer *s = &ledger->importers[slot];
+    for (int w = 0; exporter_pid && w < IPCC_LEDGER_WATCH; w++)
+        if (atomic_load(&s->watch[w]) == exporter_pid)
+            return;
+    for (int w = 0; exporter_pid && w < IPCC_LEDGER_WATCH; w++) {
+        int32_t empty = 0;
+        if (atomic_compare_exchange_strong(&s->watch[w], &empty, exporter_pid))
+            return;
+    }
+    atomic_store(&s->any, 1);
+}
+
+void ipcc_ledger_unwatch(int slot, int32_t exporter_pid)
+{
+    struct ipcc_ledger_importer *s = &ledger->importers[slot];
+    for (int w = 0; w < IPCC_LEDGER_WATCH; w++) {
+        int32_t pid = exporter_pid;
+        atomic_compare_exchange_strong(&s->watch[w], &pid, 0);
+    }
+}
+
+uint32_t ipcc_ledger_doorbell(int slot)
+{
+    return atomic_load_explicit(&ledger->importers[slot].doorbell, memory_order_acquire);
+}
+
+/* The helper's sleep: until an exporter rings, or ns pass. */
+void ipcc_ledger_sleep(int slot, uint32_t seen, uint64_t ns)
+{
+    ipcc_futex_wait(&ledger->importers[slot].doorbell, seen, ns);
+}

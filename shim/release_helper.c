@@ -1,0 +1,366 @@
+/*
+ * release_helper.c - the importer's side of the release ledger.
+ *
+ * At each cached miss the importer learns from the ledger who exported the
+ * handle, asks that exporter's frees to ring its doorbell, and looks for
+ * exporters that have exited. A helper thread, started with the first such
+ * mapping (so that a free while the program still uses it is answered at
+ * once, not after the wait bound), sleeps on the
+ * doorbell: for each request it closes the idle mappings of that handle, in
+ * every context, and answers. Mappings the program still uses are left alone
+ * (without the cache the memory stays allocated then too); they are closed
+ * for real at the program's last close of them ("doomed" below). Every second
+ * the helper also closes the idle mappings of exporters that have exited.
+ *
+ * The table lock is held only to take entries or update the lists here,
+ * never across a driver call.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static int seen_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(elt) (seen_oom = 1)
+#include <uthash.h>
+
+#define BATCH 32
+#define MAX_EXPORTERS 64
+#define MAX_SEEN 8192        /* handles whose exporter we remember */
+#define MAX_DOOMED 64
+#define CHECK_EVERY_NS (1000ULL * 1000 * 1000)
+
+/* A handle we mapped, and the exporter it came from. Under the table lock. */
+struct seen {
+    unsigned char handle[IPCC_HANDLE_BYTES];
+    int exporter;
+    UT_hash_handle hh;
+};
+
+static struct seen *seen;
+static struct { struct ipcc_proc who; size_t handles; } exporters[MAX_EXPORTERS];
+/* Handles freed by their exporter while the program still used them. */
+static unsigned char doomed[MAX_DOOMED][IPCC_HANDLE_BYTES];
+static _Atomic size_t doomed_count;
+static _Atomic uint64_t ghost;
+/* -1: not registered; -2: registration failed (no ledger, no slot). */
+static _Atomic int slot = -1;
+
+uint64_t ipcc_ghost_bytes(void)
+{
+    return atomic_load_explicit(&ghost, memory_order_relaxed);
+}
+
+/* ---- closing what an exporter let go of ------------------------------- */
+
+/* Closes the idle mappings of handle; returns the bytes still referenced. */
+static uint64_t close_idle_of(const unsigned char *handle)
+{
+    struct ipcc_victim v[BATCH];
+    uint64_t live;
+    size_t n;
+    do {
+        live = 0;
+        ipcc_lock();
+        n = ipcc_cache_take_idle_by_handle(ipcc_table(), handle, v, BATCH, &live);
+        ipcc_unlock();
+        ipcc_close_victims(v, n, 0);
+        IPCC_ADD(releases_on_request, n);
+    } while (n == BATCH);
+    return live;
+}
+
+/* Lock held. */
+static void doom(const unsigned char *handle)
+{
+    size_t n = atomic_load(&doomed_count);
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(doomed[i], handle, IPCC_HANDLE_BYTES) == 0)
+            return;
+    if (n == MAX_DOOMED) {
+        ipcc_log(IPCC_LOG_DEBUG, "too many freed allocations still in use; one will stay mapped");
+        return;
+    }
+    memcpy(doomed[n], handle, IPCC_HANDLE_BYTES);
+    atomic_store(&doomed_count, n + 1);
+}
+
+/* Lock held. */
+static void undoom(const unsigned char *handle)
+{
+    size_t n = atomic_load(&doomed_count);
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp(doomed[i], handle, IPCC_HANDLE_BYTES) == 0) {
+            memcpy(doomed[i], doomed[n - 1], IPCC_HANDLE_BYTES);
+            atomic_store(&doomed_count, n - 1);
+            return;
+        }
+    }
+}
+
+/* Lock held: forgets which exporter handle came from. */
+static void forget_seen(struct seen *s)
+{
+    if (--exporters[s->exporter].handles == 0)
+        exporters[s->exporter].who.pid = 0;
+    HASH_DEL(seen, s);
+    free(s);
+}
+
+/* The exporter freed (or took with it) the allocation behind handle. */
+static void let_go(const unsigned char *handle)
+{
+    uint64_t live = close_idle_of(handle);
+    struct seen *s;
+    ipcc_lock();
+    HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
+    if (s)
+        forget_seen(s);
+    if (live) {
+        doom(handle);
+        atomic_fetch_add(&ghost, live);
+    }
+    ipcc_unlock();
+}
+
+/* After each close by the program: one load, unless some allocation was
+ * freed while in use here; then its last close really closes it. */
+void ipcc_ghost_after_close(void)
+{
+    if (atomic_load_explicit(&doomed_count, memory_order_relaxed) == 0 || !ipcc_table())
+        return;
+    unsigned char copy[MAX_DOOMED][IPCC_HANDLE_BYTES];
+    ipcc_lock();
+    size_t n = atomic_load(&doomed_count);
+    memcpy(copy, doomed, n * IPCC_HANDLE_BYTES);
+    ipcc_unlock();
+    uint64_t still = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t live = close_idle_of(copy[i]);
+        still += live;
+        if (!live) {
+            ipcc_lock();
+            undoom(copy[i]);
+            ipcc_unlock();
+        }
+    }
+    atomic_store(&ghost, still);
+}
+
+/* ---- exporters that exited ------------------------------------------- */
+
+/* Lock held: up to cap handles of exporter i, forgotten as they are taken. */
+static size_t take_handles_of(int i, unsigned char (*out)[IPCC_HANDLE_BYTES], size_t cap)
+{
+    struct seen *s, *tmp;
+    size_t n = 0;
+    HASH_ITER(hh, seen, s, tmp) {
+        if (n == cap)
+            break;
+        if (s->exporter != i)
+            continue;
+        memcpy(out[n++], s->handle, IPCC_HANDLE_BYTES);
+        forget_seen(s);
+    }
+    return n;
+}
+
+static void let_go_of_exporter(int i)
+{
+    unsigned char handles[BATCH][IPCC_HANDLE_BYTES];
+    size_t n;
+    do {
+        ipcc_lock();
+        n = take_handles_of(i, handles, BATCH);
+        ipcc_unlock();
+        for (size_t k = 0; k < n; k++)
+            let_go(handles[k]);
+    } while (n == BATCH);
+}
+
+/* Closes the idle mappings of every exporter that has exited. With quick,
+ * only a signal-0 probe (a miss's cost); else the start time as well. */
+static void release_dead_exporters(int quick)
+{
+    struct ipcc_proc who[MAX_EXPORTERS];
+    ipcc_lock();
+    for (int i = 0; i < MAX_EXPORTERS; i++)
+        who[i] = exporters[i].who;
+    ipcc_unlock();
+    for (int i = 0; i < MAX_EXPORTERS; i++) {
+        if (who[i].pid == 0 || ipcc_proc_alive(who[i].pid, quick ? 0 : who[i].start))
+            continue;
+        let_go_of_exporter(i);
+        if (atomic_load(&slot) >= 0)
+            ipcc_ledger_unwatch(atomic_load(&slot), who[i].pid);
+    }
+}
+
+/* ---- the helper thread ----------------------------------------------- */
+
+static void answer_requests(int me)
+{
+    struct ipcc_ledger_ask ask;
+    for (int r = 0; (r = ipcc_ledger_next_ask(me, r, &ask)) >= 0; r++) {
+        let_go(ask.handle);
+        ipcc_ledger_answer(me, &ask);
+    }
+}
+
+/* The helper's closes must neither fail nor break a CUDA graph that one of
+ * the program's threads is capturing in global mode (the default of
+ * PyTorch's torch.cuda.graph): relaxed mode permits them on this thread. */
+static void relax_capture_mode(void)
+{
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    if (ipcc_driver()->thread_capture_mode)
+        ipcc_driver()->thread_capture_mode(&mode);
+}
+
+static void *helper_main(void *arg)
+{
+    int me = (int)(intptr_t)arg;
+    relax_capture_mode();
+    uint64_t last_check = ipcc_now_ns();
+    for (;;) {
+        uint32_t rung = ipcc_ledger_doorbell(me);
+        answer_requests(me);
+        if (ipcc_now_ns() - last_check >= CHECK_EVERY_NS) {
+            release_dead_exporters(0);
+            last_check = ipcc_now_ns();
+        }
+        ipcc_ledger_sleep(me, rung, CHECK_EVERY_NS);
+    }
+    return NULL;
+}
+
+/* Detached, and deaf to every signal: the program's handlers run on its
+ * own threads as before. The caller's mask is restored at once. */
+static void start_helper(int me)
+{
+    sigset_t all, saved;
+    pthread_t t;
+    pthread_attr_t attr;
+    sigfillset(&all);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
+    int rc = pthread_create(&t, &attr, helper_main, (void *)(intptr_t)me);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0)
+        ipcc_log(IPCC_LOG_WARN, "cannot start the release helper thread; exporters' frees "
+                                "will wait for this process in vain");
+}
+
+static void unregister_at_exit(void)
+{
+    ipcc_ledger_unregister(atomic_load(&slot));
+}
+
+/* Fork child: no helper runs here and the slot is the parent's. */
+static void reset_in_child(void)
+{
+    struct seen *s, *tmp;
+    HASH_ITER(hh, seen, s, tmp) {
+        HASH_DEL(seen, s);
+        free(s);
+    }
+    memset(exporters, 0, sizeof(exporters));
+    atomic_store(&doomed_count, 0);
+    atomic_store(&ghost, 0);
+    atomic_store(&slot, -1);
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, reset_in_child);
+}
+
+/* The first time only: a ledger slot, and the thread that answers on it. */
+static int my_slot(void)
+{
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    int s = atomic_load(&slot);
+    if (s != -1)
+        return s;
+    if (!atomic_compare_exchange_strong(&slot, &s, -2))
+        return atomic_load(&slot); /* another thread is at it */
+    pthread_once(&fork_once, watch_forks);
+    s = ipcc_ledger_register();
+    if (s < 0)
+        return -2;
+    atomic_store(&slot, s);
+    atexit(unregister_at_exit);
+    start_helper(s);
+    return s;
+}
+
+/* ---- at each miss ------------------------------------------------------ */
+
+/* Lock held: the index of exporter who, added if new; -1 when full. */
+static int exporter_index(struct ipcc_proc who)
+{
+    int free_at = -1;
+    for (int i = 0; i < MAX_EXPORTERS; i++) {
+        if (exporters[i].who.pid == who.pid && exporters[i].who.start == who.start)
+            return i;
+        if (exporters[i].who.pid == 0 && free_at < 0)
+            free_at = i;
+    }
+    if (free_at >= 0) {
+        exporters[free_at].who = who;
+        exporters[free_at].handles = 0;
+    }
+    return free_at;
+}
+
+/* Remembers that handle came from owner; the oldest record goes when full. */
+static void record(const void *handle, struct ipcc_proc owner)
+{
+    struct seen *s;
+    ipcc_lock();
+    HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
+    int i = s ? -1 : exporter_index(owner);
+    if (i >= 0 && (s = calloc(1, sizeof(*s))) != NULL) {
+        if (HASH_COUNT(seen) >= MAX_SEEN)
+            forget_seen(seen);
+        memcpy(s->handle, handle, IPCC_HANDLE_BYTES);
+        s->exporter = i;
+        exporters[i].handles++;
+        seen_oom = 0;
+        HASH_ADD(hh, seen, handle, IPCC_HANDLE_BYTES, s);
+        if (seen_oom) { /* not in the table: undo by hand */
+            if (--exporters[i].handles == 0)
+                exporters[i].who.pid = 0;
+            free(s);
+        }
+    }
+    ipcc_unlock();
+}
+
+/* Called after a miss whose real open was cached: from now on the exporter
+ * of handle rings us when it frees it. Exporters that exited meanwhile lose
+ * their idle mappings here. A handle the ledger does not know comes from an
+ * exporter without the library (nothing will ask), unless some exporter
+ * could not list its handles: then every exporter's frees ring us. */
+void ipcc_ghost_note_open(const void *handle)
+{
+    if (ipcc_config.disabled || !ipcc_ledger_ready())
+        return;
+    struct ipcc_proc owner;
+    int known = ipcc_ledger_owner(handle, &owner);
+    if (!known && !ipcc_ledger_unpublished())
+        return;
+    int me = my_slot();
+    if (me < 0)
+        return;
+    ipcc_ledger_watch(me, known ? owner.pid : 0);
+    if (known)
+        record(handle, owner);
+    release_dead_exporters(1);
+}

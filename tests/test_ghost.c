@@ -1,0 +1,612 @@
+/*
+ * test_ghost.c - an exporter's free gives its memory back although an
+ * importer cached an idle mapping of it (the release ledger).
+ *
+ * Exporters and importers are separate processes (tests/ghost_peer.c) under
+ * LD_PRELOAD, sharing a private per-user directory (XDG_RUNTIME_DIR) and the
+ * stand-in driver's book of "physical" memory (FAKECUDA_PHYS_DIR), which this
+ * program reads: an allocation's bytes stay there until its owner freed it
+ * and no live process maps it, as on a GPU.
+ *
+ * Frees wait up to IPCCACHE_RELEASE_WAIT_MS=20000 unless a test says
+ * otherwise: a free that had to wait for the bound would hit the test's own
+ * timeout, so the checks never depend on timing.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_cuda.h"
+#include "ledger.h"
+
+#define MIB (1ULL << 20)
+#define REPLY_LIMIT_MS 25000
+#define MAX_ENV 24
+
+static char build_dir[PATH_MAX];
+static char tmpdir[64];
+
+/* ---- the test's private directory ----------------------------------------- */
+
+static void remove_tree(const char *path)
+{
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", path);
+    cr_expect_eq(system(cmd), 0);
+}
+
+static void setup(void)
+{
+    const char *b = getenv("IPCC_TEST_BUILD");
+    if (!realpath(b && *b ? b : "build", build_dir))
+        cr_fatal("build folder: %s", strerror(errno));
+    strcpy(tmpdir, "/tmp/ipcc-ghost-XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir));
+    setenv("FAKECUDA_PHYS_DIR", tmpdir, 1);
+}
+
+/* Every process a test started, killed at its end even when it failed
+ * half-way (a stopped or waiting peer must not outlive it). */
+static pid_t started[32];
+static int nstarted;
+
+static void track(pid_t pid)
+{
+    if (nstarted < (int)(sizeof(started) / sizeof(started[0])))
+        started[nstarted++] = pid;
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < nstarted; i++) {
+        kill(started[i], SIGKILL);
+        waitpid(started[i], NULL, WNOHANG);
+    }
+    remove_tree(tmpdir);
+}
+
+TestSuite(ghost, .init = setup, .fini = teardown);
+
+static uint64_t phys(void)
+{
+    return fakecuda_phys_bytes();
+}
+
+/* ---- peers ------------------------------------------------------------------ */
+
+struct peer {
+    pid_t pid;
+    int in, out;
+    char line[512];
+};
+
+static char *format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *format(const char *fmt, ...)
+{
+    char *s;
+    va_list ap;
+    va_start(ap, fmt);
+    cr_assert_geq(vasprintf(&s, fmt, ap), 0);
+    va_end(ap);
+    return s;
+}
+
+/* The peer's environment: the library preloaded, the test's directory as
+ * the per-user one, then extra[] (which may override any of it). */
+static void build_env(char **env, const char *const *extra)
+{
+    const char *prefix = getenv("IPCC_TEST_PRELOAD_PREFIX");
+    static const char *const passed_on[] = { "ASAN_OPTIONS", "UBSAN_OPTIONS" };
+    int n = 0;
+    env[n++] = format("PATH=/usr/bin:/bin");
+    env[n++] = format("LD_LIBRARY_PATH=%s/tests", build_dir);
+    env[n++] = format("LD_PRELOAD=%s%s%s/libipccache.so", prefix && *prefix ? prefix : "",
+                      prefix && *prefix ? ":" : "", build_dir);
+    env[n++] = format("XDG_RUNTIME_DIR=%s", tmpdir);
+    env[n++] = format("FAKECUDA_PHYS_DIR=%s", tmpdir);
+    env[n++] = format("IPCCACHE_RELEASE_WAIT_MS=20000");
+    for (size_t i = 0; i < sizeof(passed_on) / sizeof(passed_on[0]); i++)
+        if (getenv(passed_on[i]))
+            env[n++] = format("%s=%s", passed_on[i], getenv(passed_on[i]));
+    for (; extra && *extra && n < MAX_ENV - 1; extra++) {
+        size_t klen = strcspn(*extra, "=") + 1;
+        int i = 0;
+        while (i < n && strncmp(env[i], *extra, klen) != 0)
+            i++;
+        if (i < n)
+            free(env[i]);
+        env[i] = format("%s", *extra);
+        n += i == n;
+    }
+    env[n] = NULL;
+}
+
+#define ENV(...) ((const char *const[]){ __VA_ARGS__, NULL })
+
+/* Starts a peer; its stderr goes to <tmpdir>/<name>.err. */
+static void start(struct peer *p, const char *name, const char *const *extra)
+{
+    char *env[MAX_ENV];
+    int in[2], out[2];
+    build_env(env, extra);
+    char *prog = format("%s/tests/ghost_peer", build_dir);
+    char *err = format("%s/%s.err", tmpdir, name);
+    cr_assert_eq(pipe2(in, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
+    int err_fd = open(err, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(err_fd, 0);
+    p->pid = fork();
+    cr_assert_geq(p->pid, 0);
+    if (p->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(err_fd, 2) < 0)
+            _exit(126);
+        execve(prog, (char *const[]){ prog, NULL }, env);
+        _exit(127);
+    }
+    track(p->pid);
+    close(in[0]);
+    close(out[1]);
+    close(err_fd);
+    p->in = in[1];
+    p->out = out[0];
+    for (char **e = env; *e; e++)
+        free(*e);
+    free(prog);
+    free(err);
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+/* Sends one command and returns the one-line reply (without newline). */
+static const char *ask(struct peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *ask(struct peer *p, const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof(cmd) - 1, fmt, ap);
+    va_end(ap);
+    cmd[n++] = '\n';
+    cr_assert_eq(write(p->in, cmd, (size_t)n), n, "peer %d gone", (int)p->pid);
+    size_t len = 0;
+    long long deadline = now_ms() + REPLY_LIMIT_MS;
+    while (len < sizeof(p->line) - 1) {
+        struct pollfd pfd = { p->out, POLLIN, 0 };
+        long long left = deadline - now_ms();
+        cr_assert(left > 0 && poll(&pfd, 1, (int)left) == 1, "no reply to %.*s", n - 1, cmd);
+        ssize_t r = read(p->out, p->line + len, 1);
+        cr_assert_eq(r, 1, "peer %d ended during %.*s", (int)p->pid, n - 1, cmd);
+        if (p->line[len] == '\n')
+            break;
+        len++;
+    }
+    p->line[len] = '\0';
+    return p->line;
+}
+
+/* A command that must succeed; returns the number after "ok". */
+static long long ok(struct peer *p, const char *reply)
+{
+    cr_assert(strncmp(reply, "ok ", 3) == 0, "peer %d replied \"%s\"", (int)p->pid, reply);
+    return strtoll(reply + 3, NULL, 10);
+}
+
+/* The usual cast: one exporter (with exporter_env) and one importer. */
+static void start_pair(struct peer *exp, struct peer *imp, const char *const *exporter_env)
+{
+    start(exp, "exporter", exporter_env);
+    start(imp, "importer", NULL);
+}
+
+/* An exported allocation: its index in the exporter and its handle. */
+struct exported {
+    int idx;
+    char hex[2 * CU_IPC_HANDLE_SIZE + 1];
+};
+
+static struct exported export(struct peer *p, uint64_t bytes)
+{
+    struct exported e;
+    const char *r = ask(p, "alloc %llu", (unsigned long long)bytes);
+    cr_assert_eq(sscanf(r, "ok %d %128s", &e.idx, e.hex), 2, "alloc replied \"%s\"", r);
+    return e;
+}
+
+/* Opens (and with close, closes again: cached, idle); the importer's index. */
+static int import(struct peer *p, const struct exported *e, int close)
+{
+    int idx = (int)ok(p, ask(p, "open %s", e->hex));
+    if (close)
+        cr_assert_eq(ok(p, ask(p, "close %d", idx)), CUDA_SUCCESS);
+    return idx;
+}
+
+static void free_exported(struct peer *p, const struct exported *e)
+{
+    cr_assert_eq(ok(p, ask(p, "free %d", e->idx)), CUDA_SUCCESS);
+}
+
+static int finish(struct peer *p)
+{
+    int status;
+    cr_assert_eq(write(p->in, "exit\n", 5), 5);
+    close(p->in);
+    close(p->out);
+    waitpid(p->pid, &status, 0);
+    return status;
+}
+
+static void kill_peer(struct peer *p)
+{
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    close(p->in);
+    close(p->out);
+}
+
+/* What a peer wrote on stderr. */
+static char *stderr_of(const char *name, char *buf, size_t cap)
+{
+    char *path = format("%s/%s.err", tmpdir, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, cap - 1) : -1;
+    buf[n > 0 ? n : 0] = '\0';
+    if (fd >= 0)
+        close(fd);
+    free(path);
+    return buf;
+}
+
+/* Polls the book until it shows want bytes; for what happens on another
+ * process's schedule (a resumed importer, the helper's periodic check). The
+ * limit only stops a test that would otherwise hang. */
+static uint64_t phys_settles_at(uint64_t want)
+{
+    long long deadline = now_ms() + 20000;
+    while (phys() != want && now_ms() < deadline)
+        usleep(10000);
+    return phys();
+}
+
+/* As when some exporter found the ledger's table of handles full: importers
+ * of handles it does not know then listen to every exporter. With forget,
+ * the handles listed so far are dropped too. */
+static void mark_unpublished(int forget)
+{
+    char *path = format("%s/ipccache/" IPCC_LEDGER_NAME, tmpdir);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "no ledger at %s", path);
+    struct ipcc_ledger_file *f =
+        mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    cr_assert_neq(f, MAP_FAILED);
+    atomic_store(&f->unpublished, 1);
+    for (int i = 0; forget && i < IPCC_LEDGER_EXPORTS; i++)
+        atomic_store(&f->exports[i].pid, 0);
+    munmap(f, sizeof(*f));
+    close(fd);
+    free(path);
+}
+
+static int threads_of(pid_t pid)
+{
+    char *path = format("/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    int n = 0;
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    free(path);
+    return n;
+}
+
+/* ---- the outcomes --------------------------------------------------------- */
+
+Test(ghost, idle_importer_lets_go_before_the_free_returns, .timeout = 40)
+{
+    /* An importer's idle cached mapping is closed before the exporter's free returns, so the bytes come back. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    struct exported e = export(&exp, 64 * MIB);
+    import(&imp, &e, 1);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the importer's idle mapping still pins the memory");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
+    char stats[4096];
+    char *path = format("%s/importer.stats", tmpdir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(stats, sizeof(stats), f));
+    fclose(f);
+    free(path);
+    cr_assert_not_null(strstr(stats, "\"releases_on_request\":1,"), "%s", stats);
+    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":0,"), "%s", stats);
+}
+
+Test(ghost, live_importer_keeps_the_memory_until_its_close, .timeout = 40)
+{
+    /* A mapping still in use keeps the memory, as without the cache, and its close really unmaps it. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 64 * MIB);
+    int idx = import(&imp, &e, 0);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "close %d", idx)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "the close after the free left the mapping cached");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, two_importers_both_let_go, .timeout = 40)
+{
+    /* Every importer holding the allocation idle closes it before the free returns. */
+    struct peer exp, a, b;
+    start(&exp, "exporter", NULL);
+    start(&a, "importer_a", NULL);
+    start(&b, "importer_b", NULL);
+    struct exported e = export(&exp, 32 * MIB);
+    import(&a, &e, 1);
+    import(&b, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&a);
+    finish(&b);
+    finish(&exp);
+}
+
+Test(ghost, dead_importer_is_not_waited_for, .timeout = 15)
+{
+    /* A killed importer is skipped: the free returns at once (waiting the 60 s bound would time the test out). */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    kill_peer(&imp);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&exp);
+}
+
+Test(ghost, exporter_exit_releases_at_the_next_miss, .timeout = 40)
+{
+    /* When the exporter dies without freeing, the importer's next miss closes its idle mappings of it. */
+    struct peer exp, other, imp;
+    start(&exp, "exporter", NULL);
+    start(&other, "other", NULL);
+    start(&imp, "importer", NULL);
+    struct exported e = export(&exp, 64 * MIB), o = export(&other, MIB);
+    import(&imp, &e, 1);
+    kill_peer(&exp);
+    cr_assert(eq(u64, phys(), 65 * MIB));
+    import(&imp, &o, 1);
+    cr_assert(eq(u64, phys(), MIB), "the dead exporter's memory is still mapped");
+    finish(&imp);
+    finish(&other);
+}
+
+Test(ghost, exporter_exit_releases_from_the_helper, .timeout = 40)
+{
+    /* Without any further miss, the importer's helper thread notices the dead exporter on its own. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 64 * MIB);
+    import(&imp, &e, 1);
+    kill_peer(&exp);
+    cr_assert(eq(u64, phys_settles_at(0), 0));
+    finish(&imp);
+}
+
+Test(ghost, no_ledger_frees_as_before, .timeout = 40)
+{
+    /* Without a usable per-user directory the free works as without the ledger and the idle mapping stays. */
+    char *blocker = format("%s/ipccache", tmpdir);
+    int fd = open(blocker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    int idx = import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 16 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1);
+    finish(&imp);
+    cr_assert(eq(u64, phys(), 0), "the importer's exit gives it back");
+    finish(&exp);
+    free(blocker);
+}
+
+Test(ghost, refused_ledger_is_not_used, .timeout = 40)
+{
+    /* A ledger file with the wrong mode is refused with one warning, and frees work as before. */
+    char *dir = format("%s/ipccache", tmpdir);
+    char *file = format("%s/release-ledger-v1", dir);
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fchmod(fd, 0644), 0);
+    close(fd);
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 16 * MIB));
+    finish(&imp);
+    finish(&exp);
+    char err[2048];
+    cr_assert_not_null(strstr(stderr_of("exporter", err, sizeof(err)),
+                              "ipccache: warning: release ledger release-ledger-v1 refused "
+                              "(mode is not 0600)"), "%s", err);
+    free(dir);
+    free(file);
+}
+
+Test(ghost, stopped_importer_is_waited_for_only_up_to_the_bound, .timeout = 40)
+{
+    /* A stopped importer delays the free by the bound at most; resumed, it still lets go. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("IPCCACHE_RELEASE_WAIT_MS=200"));
+    struct exported e = export(&exp, 64 * MIB);
+    import(&imp, &e, 1);
+    int status;
+    kill(imp.pid, SIGSTOP);
+    cr_assert_eq(waitpid(imp.pid, &status, WUNTRACED), imp.pid); /* all its threads stopped */
+    int stopped = WIFSTOPPED(status);
+    cr_assert(stopped);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    kill(imp.pid, SIGCONT);
+    cr_assert(eq(u64, phys_settles_at(0), 0), "the resumed importer did not let go");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, fork_child_of_exporter_frees_nothing_of_the_parent, .timeout = 40)
+{
+    /* A fork child's free of its copy does not release the importers' mappings; the parent's free does. */
+    struct peer exp, bare, imp;
+    start(&exp, "exporter", NULL);
+    start(&bare, "bare", ENV("LD_PRELOAD="));
+    start(&imp, "importer", NULL);
+    struct exported e = export(&exp, 16 * MIB), u = export(&bare, MIB);
+    int idx = import(&imp, &e, 1);
+    mark_unpublished(0);
+    import(&imp, &u, 1); /* of an exporter the ledger does not know: every free rings the importer */
+    cr_assert_eq(ok(&exp, ask(&exp, "fork_free %d", e.idx)), 0);
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "the child's free emptied the cache");
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), MIB));
+    finish(&imp);
+    finish(&exp);
+    finish(&bare);
+}
+
+Test(ghost, fork_child_of_importer_answers_for_itself, .timeout = 40)
+{
+    /* An importer's fork child that caches a mapping of its own registers and lets go on its own. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported a = export(&exp, 16 * MIB), b = export(&exp, 32 * MIB);
+    import(&imp, &a, 1);
+    pid_t child = (pid_t)ok(&imp, ask(&imp, "fork_hold %s", b.hex));
+    track(child);
+    cr_assert(eq(u64, phys(), 48 * MIB));
+    free_exported(&exp, &b);
+    cr_assert(eq(u64, phys(), 16 * MIB), "the child's idle mapping still pins the memory");
+    free_exported(&exp, &a);
+    cr_assert(eq(u64, phys(), 0));
+    kill(child, SIGKILL);
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, many_exporters_one_importer, .timeout = 60)
+{
+    /* One importer holding idle mappings of eight exporters lets go of each one's as that one frees. */
+    enum { N = 8 };
+    struct peer exp[N], imp;
+    struct exported e[N];
+    start(&imp, "importer", NULL);
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "exporter%d", i);
+        start(&exp[i], name, NULL);
+        e[i] = export(&exp[i], 8 * MIB);
+        import(&imp, &e[i], 1);
+    }
+    cr_assert(eq(u64, phys(), N * 8 * MIB));
+    for (int i = 0; i < N; i++) {
+        free_exported(&exp[i], &e[i]);
+        cr_assert(eq(u64, phys(), (uint64_t)(N - 1 - i) * 8 * MIB), "after exporter %d", i);
+    }
+    finish(&imp);
+    for (int i = 0; i < N; i++)
+        finish(&exp[i]);
+}
+
+Test(ghost, unexported_free_is_untouched, .timeout = 40)
+{
+    /* An exporter's frees of memory it never exported go straight to the driver and give the bytes back. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 8 * MIB);
+    import(&imp, &e, 1);
+    int plain = (int)ok(&exp, ask(&exp, "alloc_plain %llu", 4 * MIB));
+    cr_assert_eq(ok(&exp, ask(&exp, "free %d", plain)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 8 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "refs 0")), 1, "an unrelated free closed the cached mapping");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, helper_closes_during_a_global_graph_capture, .timeout = 40)
+{
+    /* While a thread of the importer captures a CUDA graph in global mode, the helper's closes still succeed. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("FAKECUDA_GLOBAL_CAPTURE=1"));
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the helper's close was refused during the capture");
+    kill_peer(&imp); /* its exit-time closes would be refused too: not this test's business */
+    finish(&exp);
+}
+
+Test(ghost, unlisted_handle_is_released_after_an_overflow, .timeout = 40)
+{
+    /* When the ledger could not list every exported handle, an importer of an unlisted one still lets go at its free. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    mark_unpublished(1);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the importer of an unlisted handle was not asked");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, helper_thread_only_for_exporters_with_the_library, .timeout = 40)
+{
+    /* An importer of memory whose exporter runs without the library starts no thread; one with it gets its helper. */
+    struct peer bare, exp, imp;
+    start(&bare, "bare", ENV("LD_PRELOAD="));
+    start_pair(&exp, &imp, NULL);
+    struct exported u = export(&bare, MIB), e = export(&exp, MIB);
+    import(&imp, &u, 1);
+    cr_assert_eq(threads_of(imp.pid), 1);
+    import(&imp, &e, 1);
+    cr_assert_eq(threads_of(imp.pid), 2);
+    finish(&imp);
+    finish(&exp);
+    finish(&bare);
+}
