@@ -30,7 +30,8 @@ CFLAGS     ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
-           shim/lock.c shim/log.c shim/mappings.c shim/resolve.c shim/stats.c \
+           shim/lock.c shim/log.c shim/mappings.c shim/mappings_evict.c shim/resolve.c \
+           shim/stats.c shim/tables.c \
            shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
            shim/vmm_ranges.c \
            shim/fmt.c shim/marker.c shim/userdir.c \
@@ -121,7 +122,7 @@ $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
 	$(CC) -std=gnu11 -O2 -fPIC -shared $(SANITIZE) -DWHICH=$* -o $@ $< -ldl
 
 # Linked ahead of the stand-in driver, exactly as a preload is searched.
-$(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h $(LIB) $(FAKE) \
+$(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h tests/vmm_testutil.h $(LIB) $(FAKE) \
                          $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $(E2E_SRC) -L$(BUILD) -L$(BUILD)/tests \
 	    -Wl,--no-as-needed -lipccache -lnext1 -lnext2 -lcuda -Wl,--as-needed \

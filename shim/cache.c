@@ -65,6 +65,7 @@ struct ipcc_entry {
     void *ctx;
     uint64_t bytes;
     uint64_t refs;                      /* the application's, all keys together */
+    uint64_t idle_ns;                   /* when it last went idle */
     int top_slot;                       /* -1: not mirrored */
     struct ipcc_entry *prev, *next;     /* LRU, only while idle */
     struct ipcc_alias *aliases;         /* other keys of this mapping */
@@ -340,7 +341,7 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
  * reference it took outside the cache (or none), so the caller gives the
  * cache's own reference back and lets the driver answer the close. */
 enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_id,
-                                            uint64_t dptr)
+                                            uint64_t dptr, uint64_t now_ns)
 {
     struct ptr_key pk = { .ctx_id = ctx_id, .dptr = dptr };
     struct ipcc_entry *e;
@@ -353,6 +354,7 @@ enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_i
         return IPCC_RELEASE_PAST_ZERO;
     }
     if (--e->refs == 0) {
+        e->idle_ns = now_ns;
         DL_APPEND(c->lru, e);
         gauge_sub(&c->gauges.live, 1);
         gauge_add(&c->gauges.idle, 1);
@@ -368,6 +370,17 @@ int ipcc_cache_over_caps(const struct ipcc_cache *c, uint64_t max_bytes, uint64_
 {
     return atomic_load_explicit(&c->gauges.idle_bytes, memory_order_relaxed) > max_bytes ||
            atomic_load_explicit(&c->gauges.idle, memory_order_relaxed) > max_entries;
+}
+
+/* When the least recently used idle entry went idle: 1 and *ns set, or 0
+ * when nothing is idle. The budget shared with the VMM path compares it
+ * with that path's oldest idle thing (tables.c). */
+int ipcc_cache_oldest_idle(const struct ipcc_cache *c, uint64_t *ns)
+{
+    if (!c->lru)
+        return 0;
+    *ns = c->lru->idle_ns;
+    return 1;
 }
 
 /* Removes least recently used idle entries until both caps hold (or cap

@@ -67,7 +67,8 @@ IPCC_HIDDEN int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k
                                   uint64_t now_ns, uint64_t *cached_dptr);
 IPCC_HIDDEN enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c,
                                                         uint64_t ctx_id,
-                                                        uint64_t dptr);
+                                                        uint64_t dptr, uint64_t now_ns);
+IPCC_HIDDEN int ipcc_cache_oldest_idle(const struct ipcc_cache *c, uint64_t *ns);
 IPCC_HIDDEN size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
                                     uint64_t max_idle_entries,
                                     struct ipcc_victim *out, size_t cap);
@@ -193,9 +194,8 @@ IPCC_HIDDEN enum ipcc_vmm_verdict ipcc_vmm_free(struct ipcc_vmm_table *t, uint64
 IPCC_HIDDEN void ipcc_vmm_free_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size);
 IPCC_HIDDEN void ipcc_vmm_clear_range(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
                                       struct ipcc_vmm_ops *ops);
+IPCC_HIDDEN int ipcc_vmm_oldest_idle(const struct ipcc_vmm_table *t, uint64_t *ns);
 IPCC_HIDDEN int ipcc_vmm_evict_one(struct ipcc_vmm_table *t, struct ipcc_vmm_ops *ops);
-IPCC_HIDDEN int ipcc_vmm_over_caps(const struct ipcc_vmm_table *t, uint64_t max_bytes,
-                                   uint64_t max_entries);
 
 /* ---- vmm.c: the VMM sharing path through the cache ---------------------- */
 
@@ -213,12 +213,7 @@ IPCC_HIDDEN int ipcc_vmm_set_access_call(uint64_t ptr, size_t size, const void *
 IPCC_HIDDEN int ipcc_vmm_get_access_call(unsigned long long *flags, const void *location,
                                          uint64_t ptr);
 IPCC_HIDDEN int ipcc_vmm_release_call(uint64_t handle);
-IPCC_HIDDEN struct ipcc_vmm_table *ipcc_vmm_table(void);  /* NULL until an import */
-/* Idle totals of the VMM path, for the stats and the shared budget. */
-IPCC_HIDDEN const struct ipcc_vmm_gauges *ipcc_vmm_gauges(void);
-/* Tears down every idle VMM entry; at exit, after the stats line
- * (vmm_evict.c). */
-IPCC_HIDDEN void ipcc_vmm_release_all_idle(void);
+IPCC_HIDDEN void ipcc_vmm_fork_child(void);  /* forgets this thread's recent imports */
 
 /* ---- vmm_identity.c: what identifies an export -------------------------- */
 
@@ -229,8 +224,31 @@ IPCC_HIDDEN int ipcc_vmm_identity_works(const struct ipcc_vmm_id *id);
 /* ---- vmm_evict.c: really releasing what the VMM table gave up ---------- */
 
 IPCC_HIDDEN void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted);
-IPCC_HIDDEN void ipcc_vmm_evict_over_caps(void);
-IPCC_HIDDEN void ipcc_vmm_give_way_all(void);
+
+/* ---- tables.c: the layer below both kinds; the one idle budget ----------- */
+
+IPCC_HIDDEN int ipcc_tables_start(void);
+IPCC_HIDDEN struct ipcc_vmm_table *ipcc_tables_vmm_start(void);
+IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);          /* legacy; NULL before start */
+IPCC_HIDDEN struct ipcc_vmm_table *ipcc_vmm_table(void);  /* NULL until an import */
+IPCC_HIDDEN void ipcc_tables_fork_child(void);
+
+/* Both kinds' gauges, read at one moment (fields may be momentarily
+ * inconsistent). idle and idle_bytes count both kinds; vmm_* the VMM part. */
+struct ipcc_tables_gauges {
+    uint64_t live, idle, idle_bytes, vmm_idle, vmm_idle_bytes;
+};
+IPCC_HIDDEN void ipcc_tables_gauges(struct ipcc_tables_gauges *out);
+IPCC_HIDDEN const struct ipcc_top_slot *ipcc_tables_top(void);
+
+/* What an eviction keeps to: the caps, or nothing at all (all). */
+struct ipcc_budget {
+    uint64_t max_bytes, max_entries;
+    int all;
+};
+IPCC_HIDDEN int ipcc_tables_over_budget(uint64_t max_bytes, uint64_t max_entries);
+IPCC_HIDDEN size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipcc_victim *out,
+                                         size_t cap, size_t *nout, struct ipcc_vmm_ops *ops);
 
 /* ---- fmt.c: text without stdio, for signal handlers and fork children -- */
 
@@ -403,17 +421,20 @@ IPCC_HIDDEN void ipcc_forget_context(uint64_t ctx_id);
 IPCC_HIDDEN void ipcc_contexts_changing(void);
 IPCC_HIDDEN void ipcc_sweep_dead_contexts(void);
 
-/* ---- evict.c: really closing mappings the table gave up ----------------- */
+/* ---- mappings_evict.c: really closing legacy mappings given up ---------- */
 
 IPCC_HIDDEN void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted);
+
+/* ---- evict.c: the one budget, enforced for both kinds -------------------- */
+
 IPCC_HIDDEN void ipcc_evict_over_caps(void);
+IPCC_HIDDEN void ipcc_give_way_all(void);
 IPCC_HIDDEN void ipcc_release_all_idle(void);
 IPCC_HIDDEN size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id);
 
 /* ---- lifecycle.c --------------------------------------------------------- */
 
 IPCC_HIDDEN void ipcc_lifecycle_start(void);
-IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);
 
 /* ---- lock.c -------------------------------------------------------------- */
 

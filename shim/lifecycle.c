@@ -1,5 +1,7 @@
 /*
- * lifecycle.c - start-up on the first IPC call, fork, and exit.
+ * lifecycle.c - start-up on the first IPC call, fork, and exit: the top of
+ * the library, calling down into the tables (tables.c), eviction (evict.c)
+ * and the stats.
  *
  * Nothing happens at load time: a process that never opens an IPC handle
  * gets no handler, no atexit entry and no message from us. The first
@@ -14,13 +16,7 @@
 
 #include "internal.h"
 
-static struct ipcc_cache *_Atomic table;
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
-
-struct ipcc_cache *ipcc_table(void)
-{
-    return table;
-}
 
 /* ---- fork: no CUDA calls here; the child's CUDA state is not usable ----- */
 
@@ -39,7 +35,8 @@ static void after_fork_parent(void)
 static void after_fork_child(void)
 {
     ipcc_lock_reset();
-    ipcc_cache_clear(table);
+    ipcc_tables_fork_child();
+    ipcc_vmm_fork_child();
     ipcc_stats_reset();
     ipcc_contexts_changing();
 }
@@ -61,8 +58,7 @@ static void at_exit(void)
     if (!ipcc_lock_try())
         return;
     ipcc_unlock(); /* free now: the release takes it a batch at a time */
-    ipcc_release_all_idle();
-    ipcc_vmm_release_all_idle();
+    ipcc_release_all_idle(); /* both kinds */
 }
 
 /* ---- start -------------------------------------------------------------- */
@@ -85,8 +81,7 @@ static void start(void)
         ipcc_log(IPCC_LOG_INFO, "disabled by IPCCACHE_DISABLE; passing calls through");
         return;
     }
-    table = ipcc_cache_create();
-    if (!table) {
+    if (ipcc_tables_start() < 0) {
         ipcc_log(IPCC_LOG_WARN, "out of memory at start; passing calls through");
         ipcc_config.disabled = 1;
         return;

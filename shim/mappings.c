@@ -229,7 +229,7 @@ int ipcc_close(uint64_t dptr)
         return passthrough_close(real, (CUdeviceptr)dptr);
 
     ipcc_lock();
-    enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr);
+    enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr, ipcc_now_ns());
     ipcc_unlock();
     switch (r) {
     case IPCC_RELEASE_NOT_FOUND:

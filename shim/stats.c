@@ -96,7 +96,7 @@ static uint64_t mean(uint64_t total, uint64_t samples)
     return samples ? total / samples : 0;
 }
 
-static void put_counters(struct ipcc_out *o, uint64_t hits)
+static void put_counters(struct ipcc_out *o, uint64_t hits, const struct ipcc_tables_gauges *g)
 {
     uint64_t misses = IPCC_TOTAL(misses);
     put_field(o, "opens", hits + misses + IPCC_TOTAL(open_passthrough));
@@ -111,17 +111,15 @@ static void put_counters(struct ipcc_out *o, uint64_t hits)
     put_field(o, "vmm_maps", IPCC_TOTAL(vmm_maps));
     put_field(o, "vmm_map_hits", IPCC_TOTAL(vmm_map_hits));
     put_field(o, "vmm_access_skips", IPCC_TOTAL(vmm_access_skips));
-    const struct ipcc_vmm_gauges *v = ipcc_vmm_gauges();
-    put_field(o, "vmm_idle_bytes", v ? load(&v->idle_bytes) : 0);
+    put_field(o, "vmm_idle_bytes", g->vmm_idle_bytes);
 }
 
-static void put_gauges(struct ipcc_out *o)
+/* idle and idle_bytes count both kinds: the one budget's totals. */
+static void put_gauges(struct ipcc_out *o, const struct ipcc_tables_gauges *g)
 {
-    struct ipcc_cache *c = ipcc_table();
-    const struct ipcc_cache_gauges *g = c ? ipcc_cache_gauges(c) : NULL;
-    put_field(o, "live", g ? load(&g->live) : 0);
-    put_field(o, "idle", g ? load(&g->idle) : 0);
-    put_field(o, "idle_bytes", g ? load(&g->idle_bytes) : 0);
+    put_field(o, "live", g->live);
+    put_field(o, "idle", g->idle);
+    put_field(o, "idle_bytes", g->idle_bytes);
     put_field(o, "evictions", IPCC_TOTAL(evictions));
     put_field(o, "invalidations", IPCC_TOTAL(invalidations));
     put_field(o, "releases_on_request", IPCC_TOTAL(releases_on_request));
@@ -144,10 +142,9 @@ static void put_costs(struct ipcc_out *o, uint64_t hits)
 
 static void put_top(struct ipcc_out *o, uint64_t now_ns)
 {
-    struct ipcc_cache *c = ipcc_table();
+    const struct ipcc_top_slot *slots = ipcc_tables_top();
     put_str(o, ",\"top\":[");
-    if (c) {
-        const struct ipcc_top_slot *slots = ipcc_cache_top(c);
+    if (slots) {
         int first = 1;
         for (int i = 0; i < IPCC_TOP_SLOTS; i++) {
             const struct ipcc_top_slot *s = &slots[i];
@@ -177,8 +174,10 @@ size_t ipcc_stats_format(char *buf, size_t cap)
     put_field(&o, "pid", (uint64_t)getpid());
     put_str(&o, ",\"version\":\"" IPCC_VERSION "\"");
     uint64_t hits = IPCC_TOTAL(hits); /* one reading for the count and the saving */
-    put_counters(&o, hits);
-    put_gauges(&o);
+    struct ipcc_tables_gauges g;
+    ipcc_tables_gauges(&g);
+    put_counters(&o, hits, &g);
+    put_gauges(&o, &g);
     put_costs(&o, hits);
     put_top(&o, ipcc_now_ns());
     put_str(&o, "}\n");

@@ -25,7 +25,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,9 +45,6 @@ typedef CUresult (*set_access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, 
 typedef CUresult (*get_access_fn)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 
-static struct ipcc_vmm_table *_Atomic table;
-static pthread_once_t start_once = PTHREAD_ONCE_INIT;
-
 /* The handles this thread imported since its last reserve: the chunks a
  * rebuild's reserve may find kept together. */
 static __thread struct {
@@ -57,49 +53,24 @@ static __thread struct {
     int overflow;
 } recent;
 
-/* ---- start, fork, exit -------------------------------------------------- */
+/* ---- the table, fork ------------------------------------------------------ */
 
-static void close_fd(int fd)
-{
-    close(fd);
-}
-
-/* Fork child: the driver state is the parent's; forget it all, no CUDA. */
-static void after_fork_child(void)
-{
-    ipcc_vmm_table_clear(table, close_fd);
-    recent.n = 0;
-}
-
-static void start(void)
-{
-    struct ipcc_vmm_table *t = ipcc_vmm_table_create(ipcc_vmm_kcmp);
-    if (!t) {
-        ipcc_log(IPCC_LOG_WARN, "out of memory; VMM imports are not cached");
-        return;
-    }
-    pthread_atfork(NULL, NULL, after_fork_child); /* exit: lifecycle.c */
-    atomic_store(&table, t);
-}
-
-/* The table, once an import started it and caching is on; else NULL. */
+/* The table (tables.c), once an import started it and caching is on; else
+ * NULL. */
 static struct ipcc_vmm_table *active(void)
 {
-    struct ipcc_vmm_table *t = atomic_load_explicit(&table, memory_order_acquire);
+    struct ipcc_vmm_table *t = ipcc_vmm_table();
     if (!t || ipcc_config.disabled)
         return NULL;
     return t;
 }
 
-struct ipcc_vmm_table *ipcc_vmm_table(void)
+/* Fork child (lifecycle.c; tables.c forgets the table): the thread that
+ * forked forgets what it imported in the parent. No CUDA. */
+void ipcc_vmm_fork_child(void)
 {
-    return atomic_load_explicit(&table, memory_order_acquire);
-}
-
-const struct ipcc_vmm_gauges *ipcc_vmm_gauges(void)
-{
-    struct ipcc_vmm_table *t = atomic_load(&table);
-    return t ? ipcc_vmm_table_gauges(t) : NULL;
+    recent.n = 0;
+    recent.overflow = 0;
 }
 
 static int out_of_memory(CUresult rc)
@@ -129,8 +100,7 @@ static CUresult real_import(import_fn real, CUmemGenericAllocationHandle *h, voi
 {
     CUresult rc = real(h, os, type);
     if (out_of_memory(rc)) {
-        ipcc_vmm_give_way_all();
-        ipcc_release_all_idle();
+        ipcc_give_way_all();
         rc = real(h, os, type);
     }
     return rc;
@@ -174,7 +144,7 @@ int ipcc_vmm_import_call(uint64_t *handle, void *os, int type_int)
         return NO_DRIVER;
     ipcc_lifecycle_start();
     if (!ipcc_config.disabled)
-        pthread_once(&start_once, start);
+        ipcc_tables_vmm_start();
     struct ipcc_vmm_table *t = active();
     struct ipcc_vmm_id id;
     if (!t || !h || ipcc_vmm_id_of(&id, os, type) < 0 || !ipcc_vmm_identity_works(&id))
@@ -212,7 +182,7 @@ int ipcc_vmm_release_call(uint64_t handle)
         return counted(real(handle));
     if (r == IPCC_RELEASE_PAST_ZERO)
         return counted(CUDA_ERROR_INVALID_VALUE); /* the driver's answer to a double release */
-    ipcc_vmm_evict_over_caps();
+    ipcc_evict_over_caps();
     return CUDA_SUCCESS;
 }
 
@@ -243,7 +213,7 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
         return CUDA_SUCCESS;
     CUresult rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     if (out_of_memory(rc)) {
-        ipcc_vmm_give_way_all();
+        ipcc_give_way_all();
         rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     }
     if (rc == CUDA_SUCCESS && n > 0) { /* a rebuild: imports came first */
@@ -286,7 +256,7 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
     ipcc_unlock();
     if (answered(v, &ops, &rc)) {
         if (v == IPCC_VMM_DONE)
-            ipcc_vmm_evict_over_caps();
+            ipcc_evict_over_caps();
         return counted(rc);
     }
     rc = real(ptr, size);
@@ -332,7 +302,7 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
     }
     rc = real(ptr, size, offset, handle, flags);
     if (out_of_memory(rc)) {
-        ipcc_vmm_give_way_all();
+        ipcc_give_way_all();
         rc = real(ptr, size, offset, handle, flags);
     }
     if (rc == CUDA_SUCCESS) {

@@ -1,7 +1,7 @@
 /*
  * vmm_evict.c - really releasing what the VMM table gave up: the orders a
- * decision queued, idle entries past the caps (least recently used first),
- * everything idle when the driver runs out of memory, and at exit.
+ * decision queued (a kept mapping in the app's way) or an eviction took
+ * (evict.c: the one budget, out of memory, exit).
  *
  * Never under the lock: the table hands out its orders, the lock is dropped,
  * then the driver is called. None of these calls needs a current context
@@ -48,44 +48,4 @@ void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted)
     free(ops->v);
     ops->v = NULL;
     ops->n = ops->cap = ops->lost = 0;
-}
-
-/* Evicts least recently used idle entries while over the caps, or (all)
- * every idle one: at exit (nothing needs a context, measured; not counted as
- * evictions) and when the driver is out of memory, since what we keep must
- * give way. */
-static void evict(int all, int counted_as_evictions)
-{
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
-    if (!t)
-        return;
-    for (;;) {
-        struct ipcc_vmm_ops ops = { 0 };
-        ipcc_lock();
-        int more = (all || ipcc_vmm_over_caps(t, ipcc_config.max_idle_bytes,
-                                              ipcc_config.max_idle_entries)) &&
-                   ipcc_vmm_evict_one(t, &ops);
-        ipcc_unlock();
-        ipcc_vmm_run_ops(&ops, counted_as_evictions);
-        if (!more)
-            return;
-    }
-}
-
-/* After a call that left something idle: two atomic loads when under. */
-void ipcc_vmm_evict_over_caps(void)
-{
-    evict(0, 1);
-}
-
-/* The driver is out of memory or handles: everything idle gives way. */
-void ipcc_vmm_give_way_all(void)
-{
-    evict(1, 1);
-}
-
-/* At exit (lifecycle.c), after the stats line. */
-void ipcc_vmm_release_all_idle(void)
-{
-    evict(1, 0);
 }

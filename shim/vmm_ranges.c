@@ -409,40 +409,50 @@ void ipcc_vmm_clear_range(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size
             res_evict(t, i, 0, ops);
 }
 
-/*
- * Queues the teardown of the least recently used idle thing: an idle
- * reservation (with the imports only it used), or an import nothing uses.
- * Returns 0 when nothing is idle.
- */
-int ipcc_vmm_evict_one(struct ipcc_vmm_table *t, struct ipcc_vmm_ops *ops)
+/* The least recently used idle thing: an idle reservation (*res set) or an
+ * import nothing uses (*imp set), when it last went idle in *ns. 0 when
+ * nothing is idle. */
+static int oldest_idle(const struct ipcc_vmm_table *t, long *res, long *imp, uint64_t *ns)
 {
-    long best_res = -1, best_imp = -1;
-    uint64_t best_ns = UINT64_MAX;
+    *res = *imp = -1;
+    *ns = UINT64_MAX;
     for (size_t i = 0; i < t->nres; i++) {
-        if (t->res[i]->idle && t->res[i]->last_ns <= best_ns) {
-            best_ns = t->res[i]->last_ns;
-            best_res = (long)i;
+        if (t->res[i]->idle && t->res[i]->last_ns <= *ns) {
+            *ns = t->res[i]->last_ns;
+            *res = (long)i;
         }
     }
     for (size_t i = 0; i < t->nimports; i++) {
         struct ipcc_vmm_import *m = t->by_id[i];
-        if (ipcc_vmm_import_lone_idle(m) && m->last_ns < best_ns) {
-            best_ns = m->last_ns;
-            best_imp = (long)i;
+        if (ipcc_vmm_import_lone_idle(m) && m->last_ns < *ns) {
+            *ns = m->last_ns;
+            *imp = (long)i;
+            *res = -1;
         }
     }
-    if (best_imp >= 0)
-        ipcc_vmm_drop_import(t, t->by_id[best_imp], ops);
-    else if (best_res >= 0)
-        res_evict(t, (size_t)best_res, 1, ops);
-    else
-        return 0;
-    return 1;
+    return *res >= 0 || *imp >= 0;
 }
 
-int ipcc_vmm_over_caps(const struct ipcc_vmm_table *t, uint64_t max_bytes, uint64_t max_entries)
+/* When the least recently used idle thing went idle: 1 and *ns set, or 0.
+ * The budget shared with the legacy path compares it with that path's
+ * oldest idle mapping (tables.c). */
+int ipcc_vmm_oldest_idle(const struct ipcc_vmm_table *t, uint64_t *ns)
 {
-    uint64_t bytes = atomic_load_explicit(&t->gauges.idle_bytes, memory_order_relaxed);
-    uint64_t entries = atomic_load_explicit(&t->gauges.idle_entries, memory_order_relaxed);
-    return bytes > max_bytes || entries > max_entries;
+    long res, imp;
+    return oldest_idle(t, &res, &imp, ns);
+}
+
+/* Queues the teardown of the least recently used idle thing (a reservation
+ * with the imports only it used, or a lone import). 0 when nothing is idle. */
+int ipcc_vmm_evict_one(struct ipcc_vmm_table *t, struct ipcc_vmm_ops *ops)
+{
+    long res, imp;
+    uint64_t ns;
+    if (!oldest_idle(t, &res, &imp, &ns))
+        return 0;
+    if (imp >= 0)
+        ipcc_vmm_drop_import(t, t->by_id[imp], ops);
+    else
+        res_evict(t, (size_t)res, 1, ops);
+    return 1;
 }

@@ -71,9 +71,9 @@ Test(cache, insert_then_acquire)
     uint64_t p = 0;
     cr_assert_eq(ipcc_cache_acquire(cache, &k, &p), 1);
     cr_assert_eq(p, 0x1000);
-    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
-    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
-    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_PAST_ZERO);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000, 0), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000, 0), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000, 0), IPCC_RELEASE_PAST_ZERO);
 }
 
 /* Flags and context are part of the key. */
@@ -103,8 +103,8 @@ Test(cache, duplicate_insert_shares_entry)
 Test(cache, release_unknown)
 {
     insert(1, 1, 0x1000, 4096);
-    cr_assert_eq(ipcc_cache_release(cache, 1, 0x2000), IPCC_RELEASE_NOT_FOUND);
-    cr_assert_eq(ipcc_cache_release(cache, 2, 0x1000), IPCC_RELEASE_NOT_FOUND);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x2000, 0), IPCC_RELEASE_NOT_FOUND);
+    cr_assert_eq(ipcc_cache_release(cache, 2, 0x1000, 0), IPCC_RELEASE_NOT_FOUND);
 }
 
 /* The gauges follow entries between live and idle. */
@@ -114,7 +114,7 @@ Test(cache, gauges_track_idle_bytes)
     insert(1, 1, 0x1000, 100);
     insert(1, 2, 0x2000, 200);
     cr_assert_eq(gauge(&g->live), 2);
-    ipcc_cache_release(cache, 1, 0x2000);
+    ipcc_cache_release(cache, 1, 0x2000, 0);
     cr_assert_eq(gauge(&g->live), 1);
     cr_assert_eq(gauge(&g->idle), 1);
     cr_assert_eq(gauge(&g->idle_bytes), 200);
@@ -130,7 +130,7 @@ Test(cache, evict_lru_order)
 {
     for (unsigned char i = 1; i <= 4; i++) {
         insert(1, i, 0x1000 * i, 100);
-        ipcc_cache_release(cache, 1, 0x1000 * i);
+        ipcc_cache_release(cache, 1, 0x1000 * i, 0);
     }
     struct ipcc_victim v[8];
     cr_assert_eq(ipcc_cache_evict(cache, UINT64_MAX, 2, v, 8), 2);
@@ -147,7 +147,7 @@ Test(cache, evict_skips_live_and_honours_capacity)
     insert(1, 1, 0x1000, 100);
     for (unsigned char i = 2; i <= 5; i++) {
         insert(1, i, 0x1000 * i, 100);
-        ipcc_cache_release(cache, 1, 0x1000 * i);
+        ipcc_cache_release(cache, 1, 0x1000 * i, 0);
     }
     struct ipcc_victim v[2];
     cr_assert_eq(ipcc_cache_evict(cache, 0, 0, v, 2), 2);
@@ -162,7 +162,7 @@ Test(cache, drop_context)
     insert(1, 1, 0x1000, 100);
     insert(2, 1, 0x1000, 100);
     insert(1, 2, 0x2000, 100);
-    ipcc_cache_release(cache, 1, 0x2000);
+    ipcc_cache_release(cache, 1, 0x2000, 0);
     cr_assert_eq(ipcc_cache_drop_ctx(cache, 1, NULL, 0), 2);
     cr_assert_eq(ipcc_cache_count(cache), 1);
     cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->idle_bytes), 0);
@@ -212,7 +212,7 @@ Test(cache, same_pointer_under_a_second_key_is_an_alias)
     cr_assert_eq(ipcc_cache_acquire(cache, &k2, &p), 1);
     cr_assert_eq(p, 0x1000);
     for (int i = 0; i < 3; i++)
-        cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
+        cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000, 0), IPCC_RELEASE_OK);
     cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->idle), 1);
 }
 
@@ -224,15 +224,15 @@ Test(cache, past_zero_removes_the_entry)
     struct ipcc_key k1 = key(1, 1), k2 = key(1, 2);
     uint64_t cached, p;
     cr_assert_eq(ipcc_cache_insert(cache, &k2, NULL, 0x1000, 100, 0, &cached), 0);
-    ipcc_cache_release(cache, 1, 0x1000);
-    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
-    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_PAST_ZERO);
+    ipcc_cache_release(cache, 1, 0x1000, 0);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000, 0), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000, 0), IPCC_RELEASE_PAST_ZERO);
     cr_assert_eq(ipcc_cache_count(cache), 0);
     cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->idle), 0);
     cr_assert_eq(gauge(&ipcc_cache_gauges(cache)->idle_bytes), 0);
     cr_assert_eq(ipcc_cache_acquire(cache, &k1, &p), 0);
     cr_assert_eq(ipcc_cache_acquire(cache, &k2, &p), 0);
-    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_NOT_FOUND);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000, 0), IPCC_RELEASE_NOT_FOUND);
 }
 
 /* Evicting an entry takes its aliases too: a later insert under the alias
@@ -243,8 +243,8 @@ Test(cache, eviction_takes_the_aliases)
     struct ipcc_key k2 = key(1, 2);
     uint64_t cached;
     cr_assert_eq(ipcc_cache_insert(cache, &k2, NULL, 0x1000, 100, 0, &cached), 0);
-    ipcc_cache_release(cache, 1, 0x1000);
-    ipcc_cache_release(cache, 1, 0x1000);
+    ipcc_cache_release(cache, 1, 0x1000, 0);
+    ipcc_cache_release(cache, 1, 0x1000, 0);
     struct ipcc_victim v[2];
     cr_assert_eq(ipcc_cache_evict(cache, 0, 0, v, 2), 1);
     cr_assert_eq(ipcc_cache_insert(cache, &k2, NULL, 0x2000, 100, 0, &cached), 1);
@@ -280,8 +280,8 @@ Test(cache, out_of_memory_caches_nothing)
     cr_assert_eq(ipcc_cache_count(cache), 1);
     cr_assert_eq(ipcc_cache_acquire(cache, &k2, &p), 0);
     cr_assert_eq(ipcc_cache_acquire(cache, &k3, &p), 0);
-    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_OK);
-    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000), IPCC_RELEASE_PAST_ZERO);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000, 0), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_cache_release(cache, 1, 0x1000, 0), IPCC_RELEASE_PAST_ZERO);
 }
 
 /* Taking by handle removes that allocation's idle entries in every context,
@@ -292,9 +292,9 @@ Test(cache, take_idle_by_handle)
     insert(2, 1, 0x2000, 4096);
     insert(3, 1, 0x3000, 8192);
     insert(1, 2, 0x4000, 4096);
-    ipcc_cache_release(cache, 1, 0x1000);
-    ipcc_cache_release(cache, 2, 0x2000);
-    ipcc_cache_release(cache, 1, 0x4000);
+    ipcc_cache_release(cache, 1, 0x1000, 0);
+    ipcc_cache_release(cache, 2, 0x2000, 0);
+    ipcc_cache_release(cache, 1, 0x4000, 0);
     struct ipcc_key k = key(1, 1); /* sets handle_bytes to tag 1 */
     (void)k;
     struct ipcc_victim v[4];

@@ -1,0 +1,79 @@
+/*
+ * mappings_evict.c - really closing legacy IPC mappings the cache has given
+ * up (evict.c chose them, or the exporter asked for them back).
+ *
+ * The driver closes in the current context, so a victim from another context
+ * is closed with its own context pushed, and the caller's restored after.
+ */
+#include <cuda.h>
+
+#include "internal.h"
+
+typedef CUresult (*close_fn)(CUdeviceptr);
+
+/* What closing one victim came to. */
+enum close_outcome { CLOSED, FAILED, CONTEXT_GONE };
+
+/* Whether the current context is still the victim's: a context destroyed
+ * since the victim was taken may have a successor at its address, whose
+ * mappings are not ours to close (the driver unmapped ours with the old). */
+static int victim_context_current(const struct ipcc_victim *v)
+{
+    uint64_t id;
+    return ipcc_context_id(v->ctx, &id) == 0 && id == v->ctx_id;
+}
+
+static enum close_outcome close_current(close_fn real, const struct ipcc_victim *v)
+{
+    if (!victim_context_current(v))
+        return CONTEXT_GONE;
+    CUresult rc = real((CUdeviceptr)v->dptr);
+    if (rc != CUDA_SUCCESS)
+        ipcc_log(IPCC_LOG_DEBUG, "closing cached mapping 0x%llx failed: error %d",
+                 (unsigned long long)v->dptr, (int)rc);
+    return rc == CUDA_SUCCESS ? CLOSED : FAILED;
+}
+
+/* Closes a victim in its own context, pushed for the call when it is not
+ * the current one, and checked once current. */
+static enum close_outcome close_in_context(close_fn real, const struct ipcc_victim *v)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    void *current = NULL;
+    if (d->ctx_get_current)
+        d->ctx_get_current(&current);
+    if (current == v->ctx)
+        return close_current(real, v);
+    if (!d->ctx_push || !d->ctx_pop)
+        return FAILED;
+    int rc = d->ctx_push(v->ctx);
+    if (rc != CUDA_SUCCESS) /* a dead context is invalid until one reuses its address */
+        return rc == CUDA_ERROR_INVALID_CONTEXT ? CONTEXT_GONE : FAILED;
+    enum close_outcome out = close_current(real, v);
+    void *popped;
+    d->ctx_pop(&popped);
+    return out;
+}
+
+/* Closes each victim's mapping; failures are expected only when the driver
+ * is already gone (exit), so they are logged at debug level. A victim whose
+ * context died meanwhile died with it: counted as an invalidation. */
+void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted)
+{
+    close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
+    if (!real)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t t0 = ipcc_now_ns();
+        enum close_outcome out = close_in_context(real, &v[i]);
+        if (out == CONTEXT_GONE)
+            IPCC_COUNT(invalidations);
+        if (out != CLOSED)
+            continue;
+        IPCC_ADD(real_close_ns, ipcc_now_ns() - t0);
+        IPCC_COUNT(real_close_samples);
+        IPCC_COUNT(real_closes);
+        if (evicted)
+            IPCC_COUNT(evictions);
+    }
+}
