@@ -236,10 +236,11 @@ static const struct ipcc_setting settings[] = {
     { "IPCCACHE_DISABLE", set_disable, "a boolean (1/0, true/false, yes/no, on/off)", "0",
       "1/true/yes/on: pure pass-through, nothing cached, no handler." },
     { "IPCCACHE_MAX_IDLE_BYTES", set_idle_bytes, "a size such as 8G, 512M or 1048576", "8G",
-      "Most bytes kept mapped with no reference; past it the least recently used idle mappings"
-      " are really closed. Suffixes K, M, G, T (powers of 1024). 0 keeps nothing idle." },
+      "Most bytes kept mapped with no reference, legacy IPC mappings and VMM imports together;"
+      " past it the least recently used idle ones, of either kind, are really closed."
+      " Suffixes K, M, G, T (powers of 1024). 0 keeps nothing idle." },
     { "IPCCACHE_MAX_IDLE_ENTRIES", set_idle_entries, "a non-negative integer", "256",
-      "Most idle mappings kept; same eviction." },
+      "Most idle mappings and VMM imports kept, together; same eviction." },
     { "IPCCACHE_LOG", set_log, "one of error, warn, info, debug", "warn",
       "error, warn, info (adds one start-up line per process that uses IPC), debug." },
     { "IPCCACHE_STATS_FILE", set_stats_file,
