@@ -2,8 +2,10 @@
 # tests/gpu/run.sh - real-CUDA checks of ipccache (`make test-gpu`).
 #
 # Needs an NVIDIA GPU; without one it says so and exits 0.  Builds
-# tests/gpu/ipc_pair.cu with nvcc (cudart static and shared) into build/gpu/,
-# runs every program once without and once with the shim, and compares.
+# tests/gpu/ipc_pair.cu with nvcc (cudart static and shared) and the VMM
+# programs (vmm_errors.cu, vmm_rebuild.c) into build/gpu/, runs every program
+# once without and once with the shim, and compares.  PyTorch runs twice:
+# legacy IPC, and expandable segments (the VMM path).
 #
 # Environment:
 #   IPCCACHE_LIB   the shim (default build/libipccache.so)
@@ -12,6 +14,8 @@
 #   IPC_ITERS      importer loop count K (default 50)
 #   IPC_SIZE       exported buffer size in bytes (default 64 MiB)
 #   TORCH_ITERS    messages in the PyTorch check (default 50)
+#   TORCH_VMM_ITERS, TORCH_VMM_POOL_MB  the expandable-segments check (200, 512)
+#   VMM_ITERS, VMM_CHUNKS, VMM_CHUNK_MB  vmm_rebuild's rebuilds, chunks, MiB (50, 26, 20)
 #   GPU_TEST_TIMEOUT  seconds allowed per program run (default 180)
 #   GHOST_SIZE     bytes the exporter frees in the ghost-memory check (default 8 GiB)
 set -u
@@ -26,6 +30,11 @@ BUILD_DIR=build/gpu
 K=${IPC_ITERS:-50}
 SIZE=${IPC_SIZE:-67108864}
 TORCH_ITERS=${TORCH_ITERS:-50}
+TORCH_VMM_ITERS=${TORCH_VMM_ITERS:-200}
+TORCH_VMM_POOL_MB=${TORCH_VMM_POOL_MB:-512}
+VMM_ITERS=${VMM_ITERS:-50}
+VMM_CHUNKS=${VMM_CHUNKS:-26}
+VMM_CHUNK_MB=${VMM_CHUNK_MB:-20}
 RUN_TIMEOUT=${GPU_TEST_TIMEOUT:-180}
 HERE=tests/gpu
 COUNTER=$BUILD_DIR/libioctl_count.so   # counts driver requests from outside the shim
@@ -83,13 +92,18 @@ build() {
         fail "build_ioctl_count" "see $OUT_DIR/build_ioctl_count.log"
         ok=1
     fi
-    if "$NVCC" -O2 $arch -o "$BUILD_DIR/ctx_teardown" "$HERE/ctx_teardown.cu" \
-        -L"$CUDA_HOME/lib64/stubs" -lcuda >"$OUT_DIR/build_ctx_teardown.log" 2>&1; then
-        pass "build_ctx_teardown"
-    else
-        fail "build_ctx_teardown" "see $OUT_DIR/build_ctx_teardown.log"
-        ok=1
-    fi
+    local prog src
+    for src in ctx_teardown.cu vmm_errors.cu vmm_rebuild.c; do
+        prog=${src%.*}
+        # shellcheck disable=SC2086  # $arch is several words on purpose
+        if "$NVCC" -O2 $arch -o "$BUILD_DIR/$prog" "$HERE/$src" \
+            -L"$CUDA_HOME/lib64/stubs" -lcuda -ldl >"$OUT_DIR/build_$prog.log" 2>&1; then
+            pass "build_$prog"
+        else
+            fail "build_$prog" "see $OUT_DIR/build_$prog.log"
+            ok=1
+        fi
+    done
     return $ok
 }
 
@@ -189,6 +203,59 @@ teardown_suite() {
         "real_opens==4" "hits==1" "invalidations>=2" "errors==0"
 }
 
+# stat_value KEY FILE: KEY's value in the last stats line of FILE; -1 when absent.
+stat_value() {
+    python3 - "$1" "$2" <<'PY' 2>/dev/null || echo -1
+import json, sys
+lines = [l for l in open(sys.argv[2]).read().splitlines() if l.strip()]
+print(int(json.loads(lines[-1])[sys.argv[1]]))
+PY
+}
+
+# ---- the VMM path (PyTorch's expandable segments) ----------------------------
+
+# vmm_errors.cu: every return code the same without and with the shim, except
+# the same_handle detail (repeated imports return one handle with the shim).
+vmm_errors_suite() {
+    local off=$OUT_DIR/vmm_errors_off.txt on=$OUT_DIR/vmm_errors_on.txt
+    local a b
+    run_plain "$off" "$BUILD_DIR/vmm_errors"
+    run_shim "$on" "$OUT_DIR/vmm_errors_stats" "$BUILD_DIR/vmm_errors"
+    a=$(grep '^case=' "$off" | sed 's/ detail=same_handle=[01]//')
+    b=$(grep '^case=' "$on" | sed 's/ detail=same_handle=[01]//')
+    check vmm_errors_ran test -n "$a"
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then
+        pass vmm_errors_codes_match
+    else
+        fail vmm_errors_codes_match "$(diff <(echo "$a") <(echo "$b") | head -n 20 | tr '\n' ' ')"
+    fi
+}
+
+# vmm_rebuild_suite TAG IMPORTER_GPU: VMM_ITERS rebuilds of one exporter's
+# segment, as c10's ExpandableSegment::fromShared does it. Exact stats: one
+# real import and map per chunk, every later rebuild all hits with its
+# set-access skipped; the latest data read every time; and, seen from outside
+# the shim, later rebuilds spare the kernel driver's requests.
+vmm_rebuild_suite() {
+    local tag=$1 gpu=$2
+    local off=$OUT_DIR/${tag}_off.txt on=$OUT_DIR/${tag}_on.txt sdir=$OUT_DIR/${tag}_stats
+    local args=("$VMM_ITERS" "$VMM_CHUNKS" "$VMM_CHUNK_MB" "$gpu")
+    local n=$((VMM_ITERS * VMM_CHUNKS)) later=$(((VMM_ITERS - 1) * VMM_CHUNKS)) ip io_off io_on
+    run_plain "$off" "$BUILD_DIR/vmm_rebuild" "${args[@]}"
+    run_shim "$on" "$sdir" "$BUILD_DIR/vmm_rebuild" "${args[@]}"
+    check "${tag}_no_shim_data" grep -q '^check=ok' "$off"
+    check "${tag}_shim_latest_data" grep -q '^check=ok' "$on"
+    grep -h median_us "$off" "$on" | sed 's/^/    /'
+    ip=$(value importer_pid "$on")
+    check "${tag}_shim_stats" python3 "$HERE/stats_check.py" "$(stats_of "$sdir" "${ip:-none}")" \
+        "vmm_imports==$n" "vmm_import_hits==$later" "vmm_maps==$n" "vmm_map_hits==$later" \
+        "vmm_access_skips==$((VMM_ITERS - 1))" "errors==0"
+    io_off=$(value loop_later_ioctls "$off") io_on=$(value loop_later_ioctls "$on")
+    echo "    ioctls in the VMM calls of rebuilds 2..K: without shim ${io_off:-?}, with shim ${io_on:-?}"
+    check "${tag}_driver_requests_counted" test "${io_off:-0}" -gt 0
+    check "${tag}_shim_spares_driver_requests" test "${io_on:-1}" -le "$(( ${io_off:-0} / 10 ))"
+}
+
 torch_ready() {
     python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
 }
@@ -196,15 +263,45 @@ torch_ready() {
 torch_suite() {
     local off=$OUT_DIR/torch_off.txt on=$OUT_DIR/torch_on.txt sdir=$OUT_DIR/torch_stats
     local rc_off=0 rc_on=0 cp
-    run_plain "$off" python3 "$HERE/torch_consumer.py" --iters "$TORCH_ITERS" || rc_off=$?
+    local cmd=(env -u PYTORCH_CUDA_ALLOC_CONF python3 "$HERE/torch_consumer.py" --iters "$TORCH_ITERS")
+    run_plain "$off" "${cmd[@]}" || rc_off=$?
     # The preload covers the whole python command: producer and spawned consumer.
-    run_shim "$on" "$sdir" python3 "$HERE/torch_consumer.py" --iters "$TORCH_ITERS" || rc_on=$?
+    run_shim "$on" "$sdir" "${cmd[@]}" || rc_on=$?
     check torch_no_shim_values test "$(value values_ok "$off")" = 1 -a "$rc_off" = 0
     check torch_shim_values test "$(value values_ok "$on")" = 1 -a "$rc_on" = 0
     # Every message carries the pool's one handle: one real open, the rest hits.
     cp=$(value consumer_pid "$on")
     check torch_shim_consumer_stats python3 "$HERE/stats_check.py" "$(stats_of "$sdir" "${cp:-none}")" \
         "real_opens==1" "hits>=$((TORCH_ITERS - 1))" "errors==0"
+}
+
+# PyTorch with expandable_segments:True: the producer's pool is an expandable
+# segment, and every message makes the consumer rebuild it (import per chunk,
+# reserve, map per chunk, set-access) and release it. The consumer must read
+# the value just written (through the cached mapping, with the shim), import
+# each chunk for real once, and map nearly every time from what it kept.
+torch_vmm_suite() {
+    local off=$OUT_DIR/torch_vmm_off.txt on=$OUT_DIR/torch_vmm_on.txt sdir=$OUT_DIR/torch_vmm_stats
+    local rc_off=0 rc_on=0 cp f imports hits maps map_hits chunks
+    local cmd=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 "$HERE/torch_consumer.py"
+               --iters "$TORCH_VMM_ITERS" --pool-mb "$TORCH_VMM_POOL_MB" "$@")
+    local tag=torch_vmm${1:+_xdev}
+    run_plain "$off" "${cmd[@]}" || rc_off=$?
+    run_shim "$on" "$sdir" "${cmd[@]}" || rc_on=$?
+    check "${tag}_no_shim_values" test "$(value values_ok "$off")" = 1 -a "$rc_off" = 0
+    check "${tag}_shim_values" test "$(value values_ok "$on")" = 1 -a "$rc_on" = 0
+    cp=$(value consumer_pid "$on")
+    f=$(stats_of "$sdir" "${cp:-none}")
+    imports=$(stat_value vmm_imports "$f") hits=$(stat_value vmm_import_hits "$f")
+    maps=$(stat_value vmm_maps "$f") map_hits=$(stat_value vmm_map_hits "$f")
+    chunks=$((imports > 0 ? imports / TORCH_VMM_ITERS : 0))
+    echo "    consumer: $imports imports, $hits hits; $maps maps, $map_hits hits; $chunks chunks a rebuild"
+    check "${tag}_shim_rebuilds_whole_segments" test "$chunks" -gt 0 -a $((imports % TORCH_VMM_ITERS)) = 0
+    check "${tag}_shim_one_real_import_per_chunk" test "$chunks" -gt 0 -a $((imports - hits)) = "$chunks"
+    # torch may free a rebuilt segment late, so that the next rebuild maps a
+    # second copy for real: nearly all, not all, maps are hits.
+    check "${tag}_shim_maps_hit" test $((map_hits * 10)) -ge $((maps * 9)) -a "$maps" -gt 0
+    check "${tag}_shim_no_errors" python3 "$HERE/stats_check.py" "$f" "errors==0"
 }
 
 # An exporter's free gives its memory back although the importer cached an
@@ -253,9 +350,21 @@ main() {
         echo "SKIP cross-device ipc_pair (one GPU)"
     fi
     teardown_suite
+    vmm_errors_suite
+    vmm_rebuild_suite vmm_rebuild 0
+    if [ "$NGPU" -ge 2 ]; then
+        # Exporter on GPU 0, importer on GPU 1: set-access costs the most there.
+        vmm_rebuild_suite vmm_rebuild_xdev 1
+    else
+        echo "SKIP cross-device vmm_rebuild (one GPU)"
+    fi
     ghost_suite
     if torch_ready; then
         torch_suite
+        torch_vmm_suite
+        if [ "$NGPU" -ge 2 ]; then
+            torch_vmm_suite --device-consumer 1
+        fi
     else
         echo "SKIP torch_consumer (python3 with CUDA-enabled torch not found)"
     fi

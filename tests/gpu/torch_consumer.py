@@ -11,6 +11,12 @@ cudaIpcCloseMemHandle), and acks. Every slice lies in the same allocation, so
 all messages carry the same IPC handle: with ipccache the consumer should
 make one real open and N-1 cache hits.
 
+With PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the pool is an
+expandable segment instead, and every message makes the consumer rebuild it
+through the VMM calls (import per chunk, reserve, map, set-access) and release
+it: with ipccache, one real import per chunk and the rest hits (run.sh checks
+both ways).
+
 Torch's rule for sharing CUDA tensors is that the producer keeps the memory
 alive while the consumer uses it: the pool lives for the whole run and the
 producer waits for each ack before writing the next value.

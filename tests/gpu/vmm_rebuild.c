@@ -13,13 +13,16 @@
  * exporter's current data), and releases it as unmapHandles does (unmap +
  * release per chunk, address free).
  *
- * Prints "check=ok" or "check=FAIL ...", and the median time of a rebuild +
- * read + release. Build: nvcc -x cu -o vmm_rebuild vmm_rebuild.c -lcuda (or
+ * Prints "check=ok" or "check=FAIL ...", the median time of a rebuild +
+ * read + release, the importer's pid, and loop_later_ioctls: the ioctl(2)
+ * calls made inside the VMM calls of rebuilds 2..K, as counted from outside
+ * the shim by tests/gpu/ioctl_count.c when it is preloaded (0 without it). Build: nvcc -x cu -o vmm_rebuild vmm_rebuild.c -lcuda (or
  * any C compiler with -lcuda). Arguments: [iterations] [chunks] [chunk MiB]
  * [importer's GPU] (default 0; the exporter is always on GPU 0).
  */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 
 #include "vmm_pair.h"
 
@@ -38,6 +41,7 @@
 static int chunks = 26;
 static size_t chunk_bytes = 20u << 20;
 static int importer_gpu;
+static unsigned long later_ioctls; /* inside the VMM calls of rebuilds 2..K */
 
 #define must vmm_must
 
@@ -80,6 +84,17 @@ static int exporter(int sock)
 
 /* ---- importer ----------------------------------------------------------------- */
 
+/* ioctl(2) calls so far, as tests/gpu/ioctl_count.c counts them; 0 when it
+ * is not preloaded. A real import, map, set-access, unmap or release asks the
+ * kernel driver; a cache hit does not. */
+static unsigned long gpu_ioctls(void)
+{
+    static unsigned long (*count)(void);
+    if (!count)
+        count = (unsigned long (*)(void))dlsym(RTLD_DEFAULT, "ioctl_count_gpu");
+    return count ? count() : 0;
+}
+
 /* What the consumer receives each time: a fresh fd for the exporter's one. */
 static int receive(int pidfd, int remote_fd)
 {
@@ -89,6 +104,7 @@ static int receive(int pidfd, int remote_fd)
 static int rebuild_read_release(int pidfd, const int *remote, unsigned gen)
 {
     CUmemGenericAllocationHandle h[MAX_CHUNKS];
+    unsigned long before = gpu_ioctls();
     for (int i = 0; i < chunks; i++) {
         int fd = receive(pidfd, remote[i]);
         if (fd < 0) {
@@ -106,6 +122,7 @@ static int rebuild_read_release(int pidfd, const int *remote, unsigned gen)
         must(cuMemMap(p + i * chunk_bytes, chunk_bytes, 0, h[i], 0), "map");
     CUmemAccessDesc d = vmm_rw_on(importer_gpu);
     must(cuMemSetAccess(p, chunks * chunk_bytes, &d, 1), "set access");
+    unsigned long in_calls = gpu_ioctls() - before; /* the reads below are not counted */
     int bad = 0;
     for (int i = 0; i < chunks; i++) {
         unsigned v = 0;
@@ -113,11 +130,14 @@ static int rebuild_read_release(int pidfd, const int *remote, unsigned gen)
         bad += v != gen;
     }
     must(cuCtxSynchronize(), "sync");
+    before = gpu_ioctls();
     for (int i = 0; i < chunks; i++) {
         must(cuMemUnmap(p + i * chunk_bytes, chunk_bytes), "unmap");
         must(cuMemRelease(h[i]), "release");
     }
     must(cuMemAddressFree(p, chunks * chunk_bytes), "address free");
+    if (gen > 1)
+        later_ioctls += in_calls + gpu_ioctls() - before;
     return bad;
 }
 
@@ -165,6 +185,7 @@ int main(int argc, char **argv)
     qsort(t, (size_t)iters, sizeof(double), by_value);
     printf("iterations=%d chunks=%d chunk_mib=%zu importer_gpu=%d max_us=%.0f median_us=%.1f\n",
            iters, chunks, chunk_bytes >> 20, importer_gpu, t[iters - 1], t[iters / 2]);
+    printf("importer_pid=%d loop_later_ioctls=%lu\n", (int)getpid(), later_ioctls);
     if (bad)
         printf("check=FAIL stale_reads=%d\n", bad);
     else
