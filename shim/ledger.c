@@ -284,6 +284,28 @@ int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
     return 0;
 }
 
+/* Walks every listed export (the VMM path, whose importer knows no handle,
+ * only an fd to compare): the first one match() accepts is copied out. */
+int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const void *handle,
+                                         void *arg),
+                            void *arg, void *handle, struct ipcc_proc *owner)
+{
+    if (!ipcc_ledger_ready())
+        return 0;
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++) {
+        struct ipcc_ledger_export *e = &ledger->exports[i];
+        int32_t pid = atomic_load(&e->pid);
+        if (!pid || !atomic_load_explicit(&e->ready, memory_order_acquire))
+            continue;
+        *owner = (struct ipcc_proc){ .pid = pid, .start = atomic_load(&e->start) };
+        memcpy(handle, e->handle, IPCC_HANDLE_BYTES);
+        /* The copy counts only if the entry did not change hands meanwhile. */
+        if (atomic_load(&e->ready) && atomic_load(&e->pid) == pid && match(owner, handle, arg))
+            return 1;
+    }
+    return 0;
+}
+
 /* ---- importers ------------------------------------------------------------ */
 
 static int claim_importer(struct ipcc_ledger_importer *s, int32_t me)
