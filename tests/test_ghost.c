@@ -664,6 +664,7 @@ Test(ghost, vmm_idle_import_lets_go_before_the_release_returns, .timeout = 40)
     struct vmm_exported e = vmm_export(&exp, 64 * MIB);
     vmm_import(&imp, &e, 1);
     cr_assert(eq(u64, phys(), 64 * MIB));
+    cr_assert_eq(threads_of(imp.pid), 2, "no helper thread answers for the importer");
     vmm_release(&exp, &e);
     cr_assert(eq(u64, phys(), 0), "the importer's idle import still pins the memory");
     cr_assert_eq(finish(&imp), 0);
@@ -710,11 +711,12 @@ Test(ghost, vmm_live_import_keeps_the_memory_until_its_release, .timeout = 40)
 
 Test(ghost, vmm_exporter_without_the_library_keeps_as_before, .timeout = 40)
 {
-    /* An exporter without the library lists nothing: the idle import stays until the importer exits, as before. */
+    /* An exporter without the library lists nothing: no helper thread, and the idle import stays until the importer exits, as before. */
     struct peer exp, imp;
     start_pair(&exp, &imp, ENV("LD_PRELOAD="));
     struct vmm_exported e = vmm_export(&exp, 16 * MIB);
     vmm_import(&imp, &e, 1);
+    cr_assert_eq(threads_of(imp.pid), 1);
     vmm_release(&exp, &e);
     cr_assert(eq(u64, phys(), 16 * MIB));
     finish(&imp);
