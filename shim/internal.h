@@ -494,6 +494,7 @@ IPCC_HIDDEN void ipcc_vmm_ghost_let_go(const void *tag);
 IPCC_HIDDEN void ipcc_vmm_ghost_after_release(void);
 IPCC_HIDDEN uint64_t ipcc_vmm_ghost_bytes(void);
 /* ledger.c: the first listed export match() accepts; 1 with it copied. */
+IPCC_HIDDEN int ipcc_ledger_publish_tag(const void *tag);
 IPCC_HIDDEN int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner,
                                                      const void *handle, void *arg),
                                         void *arg, void *handle, struct ipcc_proc *owner);

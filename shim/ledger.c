@@ -211,9 +211,9 @@ static int claim_export(struct ipcc_ledger_export *e, int32_t me)
     return 1;
 }
 
-/* Records that this process exported handle; 0, or -1 when the ledger is
+/* Lists handle as exported by this process; 0, or -1 when the ledger is
  * missing or the handle's probe sequence is full. */
-int ipcc_ledger_publish(const void *handle)
+static int list_export(const void *handle)
 {
     if (!ipcc_ledger_ready())
         return -1;
@@ -235,8 +235,25 @@ int ipcc_ledger_publish(const void *handle)
         atomic_store_explicit(&e->ready, 1, memory_order_release);
         return 0;
     }
-    atomic_store(&ledger->unpublished, 1);
     return -1;
+}
+
+/* Records that this process exported handle; 0, or -1 (as list_export). */
+int ipcc_ledger_publish(const void *handle)
+{
+    if (list_export(handle) == 0)
+        return 0;
+    if (ledger)
+        atomic_store(&ledger->unpublished, 1);
+    return -1;
+}
+
+/* The same for a VMM export's tag, which an importer finds only by a scan:
+ * one the table has no room for is simply not covered, and importers of
+ * legacy handles need not listen to every exporter for it. */
+int ipcc_ledger_publish_tag(const void *tag)
+{
+    return list_export(tag);
 }
 
 /* Whether some exporter's handle is missing from the table: then an importer

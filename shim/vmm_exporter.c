@@ -163,7 +163,7 @@ static void remember(uint64_t handle, int fd)
     }
     atomic_store_explicit(&anything_exported, 1, memory_order_release);
     tag_of(tag, &x);
-    ipcc_ledger_publish(tag); /* not listed: importers cannot tell it is ours */
+    ipcc_ledger_publish_tag(tag); /* not listed: importers cannot tell it is ours */
 }
 
 int ipcc_vmm_export_call(void *out, uint64_t handle, int type, unsigned long long flags)
