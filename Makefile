@@ -33,7 +33,7 @@ SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c
            shim/lock.c shim/log.c shim/mappings.c shim/mappings_evict.c shim/resolve.c \
            shim/stats.c shim/tables.c \
            shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
-           shim/vmm_ranges.c \
+           shim/vmm_ranges.c shim/vmm_exporter.c shim/vmm_ghost.c \
            shim/fmt.c shim/marker.c shim/userdir.c \
            $(LEDGER_SRC) shim/exporter.c shim/release_helper.c
 # The release ledger alone (unit-tested without CUDA).

@@ -185,6 +185,13 @@ IPCC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
     return (CUresult)ipcc_vmm_import_call((uint64_t *)handle, os_handle, (int)type);
 }
 
+IPCC_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle,
+                                                  CUmemAllocationHandleType type,
+                                                  unsigned long long flags)
+{
+    return (CUresult)ipcc_vmm_export_call(out, handle, (int)type, flags);
+}
+
 IPCC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     return (CUresult)ipcc_vmm_release_call(handle);
@@ -252,4 +259,5 @@ struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT] = {
     HOOK(IPCC_SLOT_IPC_GET, cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010),
     HOOK(IPCC_SLOT_MEM_FREE_V1, cuMemFree, "cuMemFree", 2000),
     HOOK(IPCC_SLOT_MEM_FREE_V2, cuMemFree_v2, "cuMemFree", 3020),
+    HOOK(IPCC_SLOT_VMM_EXPORT, cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020),
 };

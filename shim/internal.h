@@ -396,6 +396,7 @@ enum ipcc_slot {
     IPCC_SLOT_IPC_GET,
     IPCC_SLOT_MEM_FREE_V1,
     IPCC_SLOT_MEM_FREE_V2,
+    IPCC_SLOT_VMM_EXPORT,
     IPCC_SLOT_COUNT
 };
 
@@ -500,5 +501,28 @@ IPCC_HIDDEN uint64_t ipcc_ghost_bytes(void);
 IPCC_HIDDEN size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
                                                   struct ipcc_victim *out, size_t cap,
                                                   uint64_t *live_bytes);
+
+/* ---- the release ledger on the VMM path (vmm_exporter.c, vmm_ghost.c) ----
+ * An exported POSIX fd is published as a tag: 64 bytes naming the exporter
+ * (pid, start time), the fd number it got and a serial; an importer finds
+ * the tag of an fd it imports by comparing that fd with kcmp. */
+IPCC_HIDDEN int ipcc_vmm_export_call(void *out, uint64_t handle, int type,
+                                     unsigned long long flags);
+IPCC_HIDDEN void ipcc_vmm_exporter_release(uint64_t handle);
+IPCC_HIDDEN int ipcc_vmm_tag_fd(const void *tag);  /* -1: not a VMM tag */
+IPCC_HIDDEN void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t handle, int fd);
+IPCC_HIDDEN void ipcc_vmm_ghost_let_go(const void *tag);
+IPCC_HIDDEN void ipcc_vmm_ghost_after_release(void);
+IPCC_HIDDEN uint64_t ipcc_vmm_ghost_bytes(void);
+/* ledger.c: the first listed export match() accepts; 1 with it copied. */
+IPCC_HIDDEN int ipcc_ledger_publish_tag(const void *tag);
+IPCC_HIDDEN int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner,
+                                                     const void *handle, void *arg),
+                                        void *arg, void *handle, struct ipcc_proc *owner);
+/* vmm_imports.c, vmm_ranges.c: imports known to come from the export tag. */
+IPCC_HIDDEN int ipcc_vmm_import_tag(struct ipcc_vmm_table *t, uint64_t handle, const void *tag);
+IPCC_HIDDEN size_t ipcc_vmm_take_idle_by_tag(struct ipcc_vmm_table *t, const void *tag,
+                                             struct ipcc_vmm_ops *ops, size_t *live,
+                                             uint64_t *live_bytes);
 
 #endif

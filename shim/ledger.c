@@ -211,9 +211,9 @@ static int claim_export(struct ipcc_ledger_export *e, int32_t me)
     return 1;
 }
 
-/* Records that this process exported handle; 0, or -1 when the ledger is
+/* Lists handle as exported by this process; 0, or -1 when the ledger is
  * missing or the handle's probe sequence is full. */
-int ipcc_ledger_publish(const void *handle)
+static int list_export(const void *handle)
 {
     if (!ipcc_ledger_ready())
         return -1;
@@ -235,8 +235,25 @@ int ipcc_ledger_publish(const void *handle)
         atomic_store_explicit(&e->ready, 1, memory_order_release);
         return 0;
     }
-    atomic_store(&ledger->unpublished, 1);
     return -1;
+}
+
+/* Records that this process exported handle; 0, or -1 (as list_export). */
+int ipcc_ledger_publish(const void *handle)
+{
+    if (list_export(handle) == 0)
+        return 0;
+    if (ledger)
+        atomic_store(&ledger->unpublished, 1);
+    return -1;
+}
+
+/* The same for a VMM export's tag, which an importer finds only by a scan:
+ * one the table has no room for is simply not covered, and importers of
+ * legacy handles need not listen to every exporter for it. */
+int ipcc_ledger_publish_tag(const void *tag)
+{
+    return list_export(tag);
 }
 
 /* Whether some exporter's handle is missing from the table: then an importer
@@ -279,6 +296,28 @@ int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
         int same = memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0;
         /* Re-read: the entry may have changed hands while we compared. */
         if (same && atomic_load(&e->ready) && atomic_load(&e->pid) == pid)
+            return 1;
+    }
+    return 0;
+}
+
+/* Walks every listed export (the VMM path, whose importer knows no handle,
+ * only an fd to compare): the first one match() accepts is copied out. */
+int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const void *handle,
+                                         void *arg),
+                            void *arg, void *handle, struct ipcc_proc *owner)
+{
+    if (!ipcc_ledger_ready())
+        return 0;
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++) {
+        struct ipcc_ledger_export *e = &ledger->exports[i];
+        int32_t pid = atomic_load(&e->pid);
+        if (!pid || !atomic_load_explicit(&e->ready, memory_order_acquire))
+            continue;
+        *owner = (struct ipcc_proc){ .pid = pid, .start = atomic_load(&e->start) };
+        memcpy(handle, e->handle, IPCC_HANDLE_BYTES);
+        /* The copy counts only if the entry did not change hands meanwhile. */
+        if (atomic_load(&e->ready) && atomic_load(&e->pid) == pid && match(owner, handle, arg))
             return 1;
     }
     return 0;

@@ -52,7 +52,7 @@ static _Atomic int slot = -1;
 
 uint64_t ipcc_ghost_bytes(void)
 {
-    return atomic_load_explicit(&ghost, memory_order_relaxed);
+    return atomic_load_explicit(&ghost, memory_order_relaxed) + ipcc_vmm_ghost_bytes();
 }
 
 /* ---- closing what an exporter let go of ------------------------------- */
@@ -114,6 +114,7 @@ static void forget_seen(struct seen *s)
 /* The exporter freed (or took with it) the allocation behind handle. */
 static void let_go(const unsigned char *handle)
 {
+    ipcc_vmm_ghost_let_go(handle); /* a VMM export's tag: vmm_ghost.c */
     uint64_t live = close_idle_of(handle);
     struct seen *s;
     ipcc_lock();

@@ -123,6 +123,7 @@ static void record_import(struct ipcc_vmm_table *t, struct ipcc_vmm_id *id,
     ipcc_unlock();
     if (r == 1) {
         remember_recent(*h);
+        ipcc_vmm_ghost_note_import(t, *h, id->fd); /* vmm_ghost.c */
         return;
     }
     if (!id->fabric)
@@ -172,6 +173,7 @@ int ipcc_vmm_release_call(uint64_t handle)
     release_fn real = (release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE);
     if (!real)
         return NO_DRIVER;
+    ipcc_vmm_exporter_release(handle); /* vmm_exporter.c: importers let go first */
     struct ipcc_vmm_table *t = active();
     if (!t)
         return counted(real(handle));
@@ -183,6 +185,7 @@ int ipcc_vmm_release_call(uint64_t handle)
     if (r == IPCC_RELEASE_PAST_ZERO)
         return counted(CUDA_ERROR_INVALID_VALUE); /* the driver's answer to a double release */
     ipcc_evict_over_caps();
+    ipcc_vmm_ghost_after_release();
     return CUDA_SUCCESS;
 }
 
@@ -255,8 +258,10 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
     enum ipcc_vmm_verdict v = ask(t, ptr, size, ipcc_now_ns(), &ops);
     ipcc_unlock();
     if (answered(v, &ops, &rc)) {
-        if (v == IPCC_VMM_DONE)
+        if (v == IPCC_VMM_DONE) {
             ipcc_evict_over_caps();
+            ipcc_vmm_ghost_after_release();
+        }
         return counted(rc);
     }
     rc = real(ptr, size);

@@ -308,3 +308,15 @@ int ipcc_vmm_import_lone_idle(const struct ipcc_vmm_import *m)
 {
     return m->refs == 0 && m->live_pins == 0 && m->kept_pins == 0;
 }
+
+/* Notes which export (ledger tag) the import with this handle came from, so
+ * that its exporter's release can reach it. 1, or 0 if it is not ours. */
+int ipcc_vmm_import_tag(struct ipcc_vmm_table *t, uint64_t handle, const void *tag)
+{
+    struct ipcc_vmm_import *m = ipcc_vmm_import_of(t, handle);
+    if (!m)
+        return 0;
+    memcpy(m->tag, tag, IPCC_HANDLE_BYTES);
+    m->tagged = 1;
+    return 1;
+}

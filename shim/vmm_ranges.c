@@ -456,3 +456,50 @@ int ipcc_vmm_evict_one(struct ipcc_vmm_table *t, struct ipcc_vmm_ops *ops)
         res_evict(t, (size_t)res, 1, ops);
     return 1;
 }
+
+/* ---- an exporter's release (vmm_ghost.c) ---------------------------------------- */
+
+static int from_tag(const struct ipcc_vmm_import *m, const void *tag)
+{
+    return m && m->tagged && memcmp(m->tag, tag, IPCC_HANDLE_BYTES) == 0;
+}
+
+/*
+ * The exporter of tag is releasing it: queues the teardown of every idle
+ * reservation holding a kept chunk of it, unmaps its kept chunks in live
+ * reservations, and drops its imports nothing uses any more. Imports the app
+ * still holds or maps stay: counted in *live, their bytes in *live_bytes.
+ * Returns how many imports were dropped.
+ */
+size_t ipcc_vmm_take_idle_by_tag(struct ipcc_vmm_table *t, const void *tag,
+                                 struct ipcc_vmm_ops *ops, size_t *live, uint64_t *live_bytes)
+{
+    for (size_t i = t->nres; i-- > 0;) {
+        struct ipcc_vmm_range *r = t->res[i];
+        for (size_t k = r->n; k-- > 0;) {
+            struct ipcc_vmm_chunk *c = &r->chunks[k];
+            if (c->adopted || !from_tag(c->imp, tag))
+                continue;
+            if (r->idle) {
+                res_evict(t, i, 0, ops);
+                break;
+            }
+            ipcc_vmm_ops_push(ops, IPCC_VMM_UNMAP, c->addr, c->size, 0, -1);
+            chunk_remove(t, r, k);
+        }
+    }
+    size_t dropped = 0;
+    for (size_t i = t->nimports; i-- > 0;) {
+        struct ipcc_vmm_import *m = t->by_id[i];
+        if (!from_tag(m, tag))
+            continue;
+        if (ipcc_vmm_import_lone_idle(m)) {
+            ipcc_vmm_drop_import(t, m, ops);
+            dropped++;
+        } else {
+            (*live)++;
+            *live_bytes += m->bytes;
+        }
+    }
+    return dropped;
+}

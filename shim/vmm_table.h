@@ -20,6 +20,8 @@ struct ipcc_vmm_import {
     uint64_t last_ns;
     int counted;               /* in the idle gauges */
     uint64_t counted_bytes;
+    int tagged;                /* tag: the export it came from (vmm_ghost.c) */
+    unsigned char tag[IPCC_HANDLE_BYTES];
 };
 
 struct ipcc_vmm_grant {

@@ -1031,6 +1031,23 @@ uint64_t fakecuda_phys_bytes(void)
     return total;
 }
 
+/* The VMM model's allocations (fake_vmm.c) are booked here too. */
+__attribute__((visibility("hidden"))) void fakecuda_phys_alloc(uint64_t serial, uint64_t bytes)
+{
+    phys_note_alloc(serial, bytes);
+}
+
+__attribute__((visibility("hidden"))) void fakecuda_phys_free(uint64_t serial)
+{
+    phys_note_free(serial);
+}
+
+__attribute__((visibility("hidden"))) void fakecuda_phys_hold(uint64_t owner, uint64_t serial,
+                                                              int delta)
+{
+    phys_note_map(owner, serial, delta);
+}
+
 /* ---- stream capture in global mode ----
  * FAKECUDA_GLOBAL_CAPTURE=1 plays a thread of the process capturing a CUDA
  * graph in global mode: every other thread's potentially unsafe call (an IPC

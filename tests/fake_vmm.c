@@ -40,7 +40,7 @@ struct export_blob {
     uint64_t pid, serial, size;
 };
 
-struct vhandle { int used; uint32_t gen; uint64_t pid, serial, size; };
+struct vhandle { int used; uint32_t gen; uint64_t pid, serial, size; int created; };
 struct vres { int used; uint64_t addr, size; };
 struct vmap {
     int used;
@@ -55,6 +55,11 @@ static struct vmap v_maps[MAX_MAPS];
 static uint64_t v_next_serial = 1;
 static uint32_t v_next_gen = 1;
 static struct fakevmm_counters v_cnt;
+
+/* The "physical memory" block at the end of this file. */
+static void phys_created(const struct vhandle *v);
+static void phys_released(const struct vhandle *v);
+static void phys_held(uint64_t pid, uint64_t serial, int delta);
 
 static void vlock(void) { pthread_mutex_lock(&v_lock); }
 static void vunlock(void) { pthread_mutex_unlock(&v_lock); }
@@ -96,7 +101,7 @@ static CUresult new_handle(CUmemGenericAllocationHandle *out, uint64_t pid, uint
         return CUDA_ERROR_OUT_OF_MEMORY;
     for (int i = 0; i < MAX_HANDLES; i++) {
         if (v_handles[i].used) continue;
-        v_handles[i] = (struct vhandle){ 1, v_next_gen++, pid, serial, size };
+        v_handles[i] = (struct vhandle){ 1, v_next_gen++, pid, serial, size, 0 };
         *out = ((uint64_t)v_handles[i].gen << 16) | (uint64_t)(i + 1);
         v_cnt.live_handles++;
         return CUDA_SUCCESS;
@@ -119,7 +124,11 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
     if (!h || !prop || size == 0 || size % G || flags) return CUDA_ERROR_INVALID_VALUE;
     vlock();
     CUresult rc = new_handle(h, (uint64_t)getpid(), v_next_serial++, size);
-    if (rc == CUDA_SUCCESS) v_cnt.creates++;
+    if (rc == CUDA_SUCCESS) {
+        v_cnt.creates++;
+        handle_of(*h)->created = 1;
+        phys_created(handle_of(*h));
+    }
     return vunlock_ret(rc);
 }
 
@@ -196,7 +205,10 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h,
     if (rc != CUDA_SUCCESS) return rc;
     vlock();
     rc = new_handle(h, b.pid, b.serial, b.size); /* a new handle every time */
-    if (rc == CUDA_SUCCESS) v_cnt.imports++;
+    if (rc == CUDA_SUCCESS) {
+        v_cnt.imports++;
+        phys_held(b.pid, b.serial, +1);
+    }
     return vunlock_ret(rc);
 }
 
@@ -210,6 +222,7 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle h)
         return vunlock_ret(CUDA_ERROR_INVALID_VALUE);
     }
     v->used = 0; /* mappings keep the memory; the handle is gone */
+    phys_released(v);
     v_cnt.live_handles--;
     v_cnt.releases++;
     return vunlock_ret(CUDA_SUCCESS);
@@ -324,6 +337,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
         memset(&v_maps[i], 0, sizeof v_maps[i]);
         v_maps[i] = (struct vmap){ .used = 1, .addr = ptr, .size = size,
                                    .pid = v->pid, .serial = v->serial };
+        phys_held(v->pid, v->serial, +1);
         v_cnt.maps++;
         v_cnt.live_mappings++;
         return vunlock_ret(CUDA_SUCCESS);
@@ -353,6 +367,7 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
         struct vmap *m = &v_maps[i];
         if (m->used && overlaps(ptr, size, m->addr, m->size)) {
             m->used = 0;
+            phys_held(m->pid, m->serial, -1);
             v_cnt.unmaps++;
             v_cnt.live_mappings--;
         }
@@ -474,4 +489,34 @@ __attribute__((destructor)) static void fake_vmm_counters_at_exit(void)
             c.imports, c.maps, c.unmaps, c.releases, c.address_frees, c.live_handles,
             c.live_mappings, c.live_reservations, c.stale_handle_uses);
     fclose(f);
+}
+
+/* ==== "physical" memory (fake_cuda.c's book, FAKECUDA_PHYS_DIR) ============
+ *
+ * A VMM allocation's memory stays while its creator has not released its
+ * handle (and runs), or any live process holds an imported handle of it or
+ * maps it - as the driver does. Booked under serials of their own, apart
+ * from cuMemAlloc's. */
+#define PHYS_VMM_SERIAL(s) ((s) | (1ULL << 62))
+
+void fakecuda_phys_alloc(uint64_t serial, uint64_t bytes);
+void fakecuda_phys_free(uint64_t serial);
+void fakecuda_phys_hold(uint64_t owner, uint64_t serial, int delta);
+
+static void phys_created(const struct vhandle *v)
+{
+    fakecuda_phys_alloc(PHYS_VMM_SERIAL(v->serial), v->size);
+}
+
+static void phys_released(const struct vhandle *v)
+{
+    if (v->created)
+        fakecuda_phys_free(PHYS_VMM_SERIAL(v->serial));
+    else
+        fakecuda_phys_hold(v->pid, PHYS_VMM_SERIAL(v->serial), -1);
+}
+
+static void phys_held(uint64_t pid, uint64_t serial, int delta)
+{
+    fakecuda_phys_hold(pid, PHYS_VMM_SERIAL(serial), delta);
 }

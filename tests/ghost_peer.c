@@ -13,6 +13,14 @@
  *   fork_free IDX    a fork child frees allocation IDX and exits: "ok STATUS"
  *   fork_hold HEX    a fork child opens and closes HEX, then sleeps: "ok PID"
  *   exit             exit(0), running the exit handlers
+ *
+ * The VMM path (PyTorch's expandable segments), in the same words:
+ *   vmm_alloc BYTES  cuMemCreate and export to an fd it keeps: "ok IDX PID FD"
+ *   vmm_release IDX  close the exported fd, then cuMemRelease: "ok RC"
+ *   vmm_open PID FD BYTES  the consumer's rebuild: pidfd_getfd, import, close
+ *                    the fd, reserve, map, set access: "ok IDX"
+ *   vmm_close IDX    the consumer's release: unmap, release, address free: "ok RC"
+ *   deny_cross_kcmp  from now on kcmp between two processes fails (EPERM)
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -20,7 +28,12 @@
 #include <stdlib.h>
 #include <signal.h>
 #include <string.h>
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -131,6 +144,124 @@ static void cmd_fork_hold(const char *arg)
     }
 }
 
+/* ---- the VMM path ---------------------------------------------------------- */
+
+struct vmm_slot {
+    CUmemGenericAllocationHandle h;
+    int fd;                   /* exporter: the exported fd */
+    CUdeviceptr ptr;          /* importer: the rebuilt range */
+    size_t size;
+};
+static struct vmm_slot vmm[MAX_PTRS];
+static int nvmm;
+
+static int vmm_keep(struct vmm_slot s)
+{
+    if (nvmm == MAX_PTRS)
+        return -1;
+    vmm[nvmm] = s;
+    return nvmm++;
+}
+
+static struct vmm_slot *vmm_at(const char *arg)
+{
+    int i = atoi(arg);
+    return i >= 0 && i < nvmm ? &vmm[i] : &vmm[MAX_PTRS - 1];
+}
+
+static void cmd_vmm_alloc(const char *arg)
+{
+    CUmemAllocationProp prop = { 0 };
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    struct vmm_slot s = { .size = strtoull(arg, NULL, 10) };
+    CUresult rc = cuMemCreate(&s.h, s.size, &prop, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = cuMemExportToShareableHandle(&s.fd, s.h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (rc != CUDA_SUCCESS)
+        return reply("err %lld", rc);
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY); /* importers may take our fds (Yama) */
+    printf("ok %d %d", vmm_keep(s), (int)getpid());
+    reply(" %lld", s.fd);
+}
+
+/* As PyTorch's ExpandableSegment drops a chunk: its fd, then its handle. */
+static void cmd_vmm_release(const char *arg)
+{
+    struct vmm_slot *s = vmm_at(arg);
+    close(s->fd);
+    reply("ok %lld", cuMemRelease(s->h));
+}
+
+/* As PyTorch's rebuild of one chunk's segment. */
+static CUresult vmm_rebuild(int pid, int theirs, struct vmm_slot *s)
+{
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    int fd = pidfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pidfd, theirs, 0);
+    if (pidfd >= 0)
+        close(pidfd);
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = cuMemImportFromShareableHandle(&s->h, (void *)(intptr_t)fd,
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    close(fd);
+    CUmemAccessDesc acc = { { CU_MEM_LOCATION_TYPE_DEVICE, 0 }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    if (rc == CUDA_SUCCESS)
+        rc = cuMemAddressReserve(&s->ptr, s->size, 0, 0, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = cuMemMap(s->ptr, s->size, 0, s->h, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = cuMemSetAccess(s->ptr, s->size, &acc, 1);
+    return rc;
+}
+
+static void cmd_vmm_open(const char *arg)
+{
+    int pid = 0, fd = -1;
+    unsigned long long bytes = 0;
+    struct vmm_slot s = { .fd = -1 };
+    if (sscanf(arg, "%d %d %llu", &pid, &fd, &bytes) != 3)
+        return reply("err %lld", CUDA_ERROR_INVALID_VALUE);
+    s.size = bytes;
+    CUresult rc = vmm_rebuild(pid, fd, &s);
+    if (rc != CUDA_SUCCESS)
+        return reply("err %lld", rc);
+    reply("ok %lld", vmm_keep(s));
+}
+
+static void cmd_vmm_close(const char *arg)
+{
+    struct vmm_slot *s = vmm_at(arg);
+    CUresult rc = cuMemUnmap(s->ptr, s->size);
+    if (rc == CUDA_SUCCESS)
+        rc = cuMemRelease(s->h);
+    if (rc == CUDA_SUCCESS)
+        rc = cuMemAddressFree(s->ptr, s->size);
+    reply("ok %lld", rc);
+}
+
+/* kcmp(pid1, pid2, ...) with pid1 != pid2 fails, as where another process's
+ * files may not be compared; kcmp on our own files still works. */
+static void cmd_deny_cross_kcmp(void)
+{
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_kcmp, 0, 4),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_STMT(BPF_MISC | BPF_TAX, 0),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_X, 0, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+    };
+    struct sock_fprog prog = { sizeof(code) / sizeof(code[0]), code };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+        return reply("err %lld", errno);
+    reply("ok %lld", 0);
+}
+
 static void setup(void)
 {
     CUdevice dev;
@@ -161,6 +292,16 @@ static void dispatch(char *cmd, char *arg)
         cmd_fork_free(arg);
     else if (strcmp(cmd, "fork_hold") == 0)
         cmd_fork_hold(arg);
+    else if (strcmp(cmd, "vmm_alloc") == 0)
+        cmd_vmm_alloc(arg);
+    else if (strcmp(cmd, "vmm_release") == 0)
+        cmd_vmm_release(arg);
+    else if (strcmp(cmd, "vmm_open") == 0)
+        cmd_vmm_open(arg);
+    else if (strcmp(cmd, "vmm_close") == 0)
+        cmd_vmm_close(arg);
+    else if (strcmp(cmd, "deny_cross_kcmp") == 0)
+        cmd_deny_cross_kcmp();
     else if (strcmp(cmd, "exit") == 0)
         exit(0);
     else

@@ -610,3 +610,181 @@ Test(ghost, helper_thread_only_for_exporters_with_the_library, .timeout = 40)
     finish(&exp);
     finish(&bare);
 }
+
+/* ---- the VMM path (PyTorch's expandable segments) -------------------------- */
+
+/* An allocation exported to an fd: its index in the exporter, where to take the fd from. */
+struct vmm_exported {
+    int idx, pid, fd;
+    uint64_t bytes;
+};
+
+static struct vmm_exported vmm_export(struct peer *p, uint64_t bytes)
+{
+    struct vmm_exported e = { .bytes = bytes };
+    const char *r = ask(p, "vmm_alloc %llu", (unsigned long long)bytes);
+    cr_assert_eq(sscanf(r, "ok %d %d %d", &e.idx, &e.pid, &e.fd), 3, "vmm_alloc replied \"%s\"", r);
+    return e;
+}
+
+/* The consumer's rebuild (and with close, its release: cached, idle); its index. */
+static int vmm_import(struct peer *p, const struct vmm_exported *e, int close)
+{
+    int idx = (int)ok(p, ask(p, "vmm_open %d %d %llu", e->pid, e->fd,
+                             (unsigned long long)e->bytes));
+    if (close)
+        cr_assert_eq(ok(p, ask(p, "vmm_close %d", idx)), CUDA_SUCCESS);
+    return idx;
+}
+
+static void vmm_release(struct peer *p, const struct vmm_exported *e)
+{
+    cr_assert_eq(ok(p, ask(p, "vmm_release %d", e->idx)), CUDA_SUCCESS);
+}
+
+/* The stats line a peer wrote at exit to <tmpdir>/<name>.stats. */
+static char *stats_of(const char *name, char *buf, size_t cap)
+{
+    char *path = format("%s/%s.stats", tmpdir, name);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no stats at %s", path);
+    cr_assert_not_null(fgets(buf, (int)cap, f));
+    fclose(f);
+    free(path);
+    return buf;
+}
+
+Test(ghost, vmm_idle_import_lets_go_before_the_release_returns, .timeout = 40)
+{
+    /* An importer's idle cached import, reservation and mapping are released before the exporter's cuMemRelease returns. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    vmm_import(&imp, &e, 1);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    cr_assert_eq(threads_of(imp.pid), 2, "no helper thread answers for the importer");
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the importer's idle import still pins the memory");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
+    char stats[4096];
+    stats_of("importer", stats, sizeof(stats));
+    cr_assert_not_null(strstr(stats, "\"releases_on_request\":1,"), "%s", stats);
+    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":0,"), "%s", stats);
+}
+
+Test(ghost, vmm_idle_import_is_still_a_hit_before_the_release, .timeout = 40)
+{
+    /* Until the exporter releases, the importer's second rebuild of the export is served from the cache. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    struct vmm_exported e = vmm_export(&exp, 8 * MIB);
+    vmm_import(&imp, &e, 1);
+    vmm_import(&imp, &e, 1);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
+    char stats[4096];
+    stats_of("importer", stats, sizeof(stats));
+    cr_assert_not_null(strstr(stats, "\"vmm_import_hits\":1,"), "%s", stats);
+}
+
+Test(ghost, vmm_live_import_keeps_the_memory_until_its_release, .timeout = 40)
+{
+    /* An import the consumer still maps keeps the memory, as without the cache; its own release then really gives it back. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    int idx = vmm_import(&imp, &e, 0);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "vmm_close %d", idx)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "the release after the exporter's kept the import cached");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, vmm_exporter_without_the_library_keeps_as_before, .timeout = 40)
+{
+    /* An exporter without the library lists nothing: no helper thread, and the idle import stays until the importer exits, as before. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("LD_PRELOAD="));
+    struct vmm_exported e = vmm_export(&exp, 16 * MIB);
+    vmm_import(&imp, &e, 1);
+    cr_assert_eq(threads_of(imp.pid), 1);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 16 * MIB));
+    finish(&imp);
+    cr_assert(eq(u64, phys(), 0), "the importer's exit gives it back");
+    finish(&exp);
+}
+
+Test(ghost, vmm_refused_kcmp_across_processes_keeps_as_before, .timeout = 40)
+{
+    /* Where the importer may not compare the exporter's files, its idle import stays cached, as before. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    cr_assert_eq(ok(&imp, ask(&imp, "deny_cross_kcmp")), 0);
+    struct vmm_exported e = vmm_export(&exp, 16 * MIB);
+    vmm_import(&imp, &e, 1);
+    vmm_import(&imp, &e, 1); /* kcmp on its own files works: still cached */
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 16 * MIB));
+    finish(&imp);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&exp);
+}
+
+Test(ghost, vmm_dead_importer_is_not_waited_for, .timeout = 15)
+{
+    /* A killed importer is skipped: the release returns at once (waiting the 60 s bound would time the test out). */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    struct vmm_exported e = vmm_export(&exp, 16 * MIB);
+    vmm_import(&imp, &e, 1);
+    kill_peer(&imp);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&exp);
+}
+
+Test(ghost, vmm_exporter_exit_releases_from_the_helper, .timeout = 40)
+{
+    /* When the exporter dies, the importer's helper thread releases its idle imports of it on its own. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    vmm_import(&imp, &e, 1);
+    kill_peer(&exp);
+    cr_assert(eq(u64, phys_settles_at(0), 0));
+    finish(&imp);
+}
+
+Test(ghost, vmm_each_export_is_told_apart, .timeout = 60)
+{
+    /* Imports of several exports, in and against export order, each go exactly when their own export is released. */
+    enum { N = 4 };
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct vmm_exported e[N];
+    for (int i = 0; i < N; i++)
+        e[i] = vmm_export(&exp, (uint64_t)(i + 1) * 2 * MIB);
+    static const int imported[N] = { 3, 2, 0, 1 }; /* the next export's fd is tried first */
+    for (int k = 0; k < N; k++)
+        vmm_import(&imp, &e[imported[k]], 1);
+    uint64_t left = 20 * MIB;
+    cr_assert(eq(u64, phys(), left));
+    static const int order[N] = { 2, 0, 3, 1 };
+    for (int k = 0; k < N; k++) {
+        vmm_release(&exp, &e[order[k]]);
+        left -= e[order[k]].bytes;
+        cr_assert(eq(u64, phys(), left), "after releasing export %d", order[k]);
+    }
+    finish(&imp);
+    finish(&exp);
+}

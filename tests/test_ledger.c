@@ -234,6 +234,19 @@ Test(ledger, dead_exporters_entries_are_reused)
     cr_assert_eq(ipcc_ledger_publish(h), 0);
 }
 
+Test(ledger, unlisted_vmm_tag_leaves_importers_as_they_are, .timeout = 10)
+{
+    /* A VMM export's tag the full table cannot take is not listed, and importers of legacy handles are not told to listen to everyone. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+        atomic_store(&f->exports[i].pid, getppid());
+    unsigned char h[IPCC_HANDLE_BYTES];
+    handle_of(h, 4);
+    cr_assert_eq(ipcc_ledger_publish_tag(h), -1, "took a live process's entry");
+    cr_assert_eq(ipcc_ledger_unpublished(), 0);
+}
+
 /* ---- importers and requests ---------------------------------------------- */
 
 /* In a fork child: an importer slot watching exporter, answering the first

@@ -384,3 +384,62 @@ Test(vmm_table, clear_closes_kept_dups, .timeout = 10)
     cr_assert_eq(ipcc_vmm_map(t, R, G, 0xa1, 1, &ops), IPCC_VMM_PASS);
     ipcc_vmm_table_destroy(t, NULL);
 }
+
+/* ---- an exporter's release: take what is idle of one export ------------------ */
+
+static const unsigned char tag_a[IPCC_HANDLE_BYTES] = { 'a' }, tag_b[IPCC_HANDLE_BYTES] = { 'b' };
+
+static int count_ops(const struct ipcc_vmm_ops *ops, enum ipcc_vmm_op op)
+{
+    int n = 0;
+    for (size_t i = 0; i < ops->n; i++)
+        n += ops->v[i].op == op;
+    return n;
+}
+
+/* The export's idle segment is torn down and its import released; the other export's import stays cached. */
+Test(vmm_table, take_idle_by_tag_tears_down_the_export, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    cr_assert_eq(ipcc_vmm_import_tag(t, 0xa1, tag_a), 1);
+    cr_assert_eq(ipcc_vmm_import_tag(t, 0xa2, tag_b), 1);
+    cr_assert_eq(ipcc_vmm_import_tag(t, 0xbad, tag_b), 0);
+    release_all(t);
+    struct ipcc_vmm_ops ops = { 0 };
+    size_t live = 0;
+    uint64_t live_bytes = 0;
+    cr_assert_eq(ipcc_vmm_take_idle_by_tag(t, tag_a, &ops, &live, &live_bytes), 1);
+    cr_assert_eq(live, 0);
+    cr_assert_eq(count_ops(&ops, IPCC_VMM_UNMAP), 2);
+    cr_assert_eq(count_ops(&ops, IPCC_VMM_FREE), 1);
+    cr_assert_eq(count_ops(&ops, IPCC_VMM_RELEASE), 1);
+    cr_assert_eq(ops.v[ops.n - 1].handle, 0xa1);
+    cr_assert_eq(ipcc_vmm_table_imports(t), 1);
+    uint64_t h = 0;
+    cr_assert_eq(find(t, 7, 2, &h), 1, "the other export's import was dropped");
+    free(ops.v);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* An import the app still maps is left alone and reported; its kept neighbour's chunk of the export gives way. */
+Test(vmm_table, take_idle_by_tag_leaves_what_the_app_uses, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = built();
+    cr_assert_eq(ipcc_vmm_import_tag(t, 0xa1, tag_a), 1);
+    cr_assert_eq(ipcc_vmm_import_tag(t, 0xa2, tag_a), 1);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_unmap(t, R + G, G, 5, &ops), IPCC_VMM_DONE); /* kept, range live */
+    cr_assert_eq(ipcc_vmm_release(t, 0xa2, 5), IPCC_RELEASE_OK);
+    size_t live = 0;
+    uint64_t live_bytes = 0;
+    cr_assert_eq(ipcc_vmm_take_idle_by_tag(t, tag_a, &ops, &live, &live_bytes), 1);
+    cr_assert_eq(live, 1);
+    cr_assert_eq(live_bytes, G);
+    cr_assert_eq(ops.n, 2);
+    cr_assert_eq(ops.v[0].op, IPCC_VMM_UNMAP);
+    cr_assert_eq(ops.v[0].addr, R + G);
+    cr_assert_eq(ops.v[1].op, IPCC_VMM_RELEASE);
+    cr_assert_eq(ops.v[1].handle, 0xa2);
+    free(ops.v);
+    ipcc_vmm_table_destroy(t, NULL);
+}

@@ -1,0 +1,205 @@
+/*
+ * vmm_ghost.c - the importer's side of the release ledger on the VMM path.
+ *
+ * At an import miss of a POSIX fd, find which listed export it is: the fd
+ * names the same open file description as the exporter's fd of that export,
+ * which kcmp(exporter, us, KCMP_FILE, its fd, our fd) tells - one system
+ * call (under a microsecond) per export other processes have listed, tried
+ * until one matches, and only at misses. A rebuild imports a segment's
+ * chunks in the order they were exported, usually to consecutive fd
+ * numbers, so the export after the last one matched is tried first: one
+ * kcmp per miss then, after a scan of the ledger's memory. The import is
+ * then tagged with that export and its
+ * exporter watched through release_helper.c, exactly as a legacy handle is:
+ * the helper thread, asked by the exporter's release (or finding the
+ * exporter gone), calls ipcc_vmm_ghost_let_go with the tag.
+ *
+ * Letting go takes the export's idle imports, reservations and kept
+ * mappings out of the table under the lock and really releases them after
+ * dropping it. Imports the app still holds or maps stay, as the memory
+ * would without the cache; the tag is then "doomed": each later release,
+ * unmap or address free the table answers itself looks again, so the app's
+ * own last release really gives the memory back.
+ *
+ * Without a match (an exporter without the library, its fd closed, kcmp
+ * across processes refused) nothing changes: the caps bound what is kept.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/kcmp.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define MAX_DOOMED 64
+
+/* Tags released by their exporter while the app still used an import of
+ * them. Under the table lock; the count is read without it. */
+static unsigned char doomed[MAX_DOOMED][IPCC_HANDLE_BYTES];
+static _Atomic size_t doomed_count;
+static _Atomic uint64_t ghost;
+
+/* The export this thread's next import most likely is: the next fd number
+ * of the exporter whose export it imported last. */
+static __thread struct { int32_t pid; int fd; } next_guess;
+
+uint64_t ipcc_vmm_ghost_bytes(void)
+{
+    return atomic_load_explicit(&ghost, memory_order_relaxed);
+}
+
+/* Fork child: the parent's imports are gone from the table already. */
+static void reset_in_child(void)
+{
+    next_guess.pid = 0;
+    atomic_store(&doomed_count, 0);
+    atomic_store(&ghost, 0);
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, reset_in_child);
+}
+
+/* ---- at an import miss ------------------------------------------------------ */
+
+struct candidate {
+    int fd;       /* ours */
+    int guessed;  /* only the guess is compared */
+};
+
+/* A listed VMM export of another process whose fd is our fd's file. */
+static int same_file(const struct ipcc_proc *owner, const void *tag, void *arg)
+{
+    const struct candidate *c = arg;
+    int theirs = ipcc_vmm_tag_fd(tag);
+    pid_t me = getpid();
+    if (theirs < 0 || owner->pid == me ||
+        (c->guessed && (owner->pid != next_guess.pid || theirs != next_guess.fd)))
+        return 0;
+    int saved_errno = errno; /* the app's */
+    long r = syscall(SYS_kcmp, (pid_t)owner->pid, me, KCMP_FILE, theirs, c->fd);
+    errno = saved_errno;
+    return r == 0;
+}
+
+static int find_export(int fd, unsigned char *tag, struct ipcc_proc *owner)
+{
+    struct candidate c = { fd, 1 };
+    if (!next_guess.pid || !ipcc_ledger_find_export(same_file, &c, tag, owner)) {
+        c.guessed = 0;
+        if (!ipcc_ledger_find_export(same_file, &c, tag, owner))
+            return 0;
+    }
+    next_guess.pid = owner->pid;
+    next_guess.fd = ipcc_vmm_tag_fd(tag) + 1;
+    return 1;
+}
+
+/* After a real import of fd (our kept dup) that the table recorded as
+ * handle: tags it with its export when some exporter listed it. */
+void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t handle, int fd)
+{
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    unsigned char tag[IPCC_HANDLE_BYTES];
+    struct ipcc_proc owner;
+    if (ipcc_config.disabled || !find_export(fd, tag, &owner))
+        return;
+    pthread_once(&fork_once, watch_forks);
+    ipcc_lock();
+    int tagged = ipcc_vmm_import_tag(t, handle, tag);
+    ipcc_unlock();
+    if (tagged)
+        ipcc_ghost_note_open(tag); /* watch the exporter; start the helper */
+}
+
+/* ---- letting go --------------------------------------------------------------- */
+
+/* Lock held. */
+static void doom(const unsigned char *tag)
+{
+    size_t n = atomic_load(&doomed_count);
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(doomed[i], tag, IPCC_HANDLE_BYTES) == 0)
+            return;
+    if (n == MAX_DOOMED) {
+        ipcc_log(IPCC_LOG_DEBUG, "too many released VMM exports still in use; one stays kept");
+        return;
+    }
+    memcpy(doomed[n], tag, IPCC_HANDLE_BYTES);
+    atomic_store(&doomed_count, n + 1);
+}
+
+/* Lock held. */
+static void undoom(size_t i)
+{
+    size_t n = atomic_load(&doomed_count);
+    memcpy(doomed[i], doomed[n - 1], IPCC_HANDLE_BYTES);
+    atomic_store(&doomed_count, n - 1);
+}
+
+/* Really releases what the table holds idle of tag; the bytes still in use
+ * (*live set when an import is). */
+static uint64_t release_idle_of(struct ipcc_vmm_table *t, const void *tag, size_t *live)
+{
+    struct ipcc_vmm_ops ops = { 0 };
+    uint64_t live_bytes = 0;
+    *live = 0;
+    ipcc_lock();
+    size_t n = ipcc_vmm_take_idle_by_tag(t, tag, &ops, live, &live_bytes);
+    if (*live)
+        doom(tag);
+    ipcc_unlock();
+    ipcc_vmm_run_ops(&ops, 0);
+    IPCC_ADD(releases_on_request, n);
+    return live_bytes;
+}
+
+/* The exporter released (or took with it) the export behind tag. Called by
+ * release_helper.c for every tag; legacy handles are not ours. */
+void ipcc_vmm_ghost_let_go(const void *tag)
+{
+    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    size_t live;
+    if (!t || ipcc_vmm_tag_fd(tag) < 0)
+        return;
+    uint64_t bytes = release_idle_of(t, tag, &live);
+    if (live)
+        atomic_fetch_add(&ghost, bytes);
+}
+
+/* After the table answered a release, unmap or address free itself: one
+ * load, unless an export was released while in use here; then what of it
+ * went idle is released for real. */
+void ipcc_vmm_ghost_after_release(void)
+{
+    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    if (atomic_load_explicit(&doomed_count, memory_order_relaxed) == 0 || !t)
+        return;
+    unsigned char tag[IPCC_HANDLE_BYTES];
+    uint64_t still = 0;
+    size_t i = 0;
+    for (;;) {
+        ipcc_lock();
+        int more = i < atomic_load(&doomed_count);
+        if (more)
+            memcpy(tag, doomed[i], IPCC_HANDLE_BYTES);
+        ipcc_unlock();
+        if (!more)
+            break;
+        size_t live;
+        uint64_t bytes = release_idle_of(t, tag, &live);
+        ipcc_lock();
+        if (!live && i < atomic_load(&doomed_count) &&
+            memcmp(doomed[i], tag, IPCC_HANDLE_BYTES) == 0)
+            undoom(i); /* the last one moved here: look at i again */
+        else
+            i++;
+        ipcc_unlock();
+        still += bytes;
+    }
+    atomic_store(&ghost, still);
+}
