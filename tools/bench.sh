@@ -7,15 +7,26 @@
 #    shim) inside one exporter process.
 # 2. tools/bench_sglang_pattern.py: SGLang's CUDA IPC multimodal transport,
 #    run A/B/A as cache on / off / on.
-# 3. tools/plot_bench.py: medians over repetitions, bench.png, summary.md
-#    (also printed: the tables for the README's Performance section).
-# With two or more GPUs, everything is also run across devices (GPU0 -> GPU1).
+# 3. tests/gpu/vmm_rebuild.c (vmm): PyTorch's expandable-segments rebuild in
+#    C on the driver API, A/B/A, with each driver call timed (the cached VMM
+#    hit path), beside ipcbench's legacy pair at 512 MiB on the driver API.
+# 4. tools/bench_torch_vmm.py (torch): PyTorch, legacy IPC and expandable
+#    segments, A/B/A: rebuild + use + release of a 1 MiB slice of a 512 MiB
+#    pool, and the RL weight-sync pattern (134 tensors, 2.35 GiB per step).
+# 5. tests/gpu/ghost_free.cu (ghost): what the exporter's free of exported
+#    memory costs with 0, 1 and 8 importers holding idle mappings, and its
+#    allocation and free of other memory, A/B/A (the preload on both sides).
+# 6. tools/plot_bench.py: medians over repetitions, bench.png, summary.md
+#    (also printed: the tables for the README's Performance section); then
+#    tools/bench_vmm_report.py adds the tables of 3-5 to summary.md.
+# With two or more GPUs, everything but 5 is also run across devices (GPU0 -> GPU1).
 #
 # Environment:
 #   IPCCACHE_LIB  the shim (default build/libipccache.so)
 #   BENCH_OUT     results folder (default results/<yyyymmdd>-<gpu-name>)
 #   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
+#   BENCH_PARTS   which parts run (default "ipc sglang vmm torch ghost")
 #   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
 set -u -o pipefail
 
@@ -28,19 +39,22 @@ LIB=${IPCCACHE_LIB:-build/libipccache.so}
 QUICK=${BENCH_QUICK:-0}
 BUILD=build/bench
 FAILURES=0
+PARTS=" ${BENCH_PARTS:-ipc sglang vmm torch ghost} "
 
 if [ "$QUICK" = 1 ]; then
     REPS=${BENCH_REPS:-1}
     IPC_ARGS=(--real-iters 50 --held-iters 500 --hit-iters 5000 --max-mode-seconds 0.5)
     SG_ARGS=(--warmup 20 --requests 200 --rate-requests 200 --rate 200)
+    VMM_ITERS=50 TORCH_ARGS=(--features 200 --steps 10 --warmup 2) GHOST_ITERS=20
 else
     REPS=${BENCH_REPS:-3}
     IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
     SG_ARGS=(--warmup 50 --requests 500 --rate-requests 500 --rate 200)
+    VMM_ITERS=200 TORCH_ARGS=(--features 500 --steps 30 --warmup 5) GHOST_ITERS=200
 fi
 RUN_TIMEOUT=300
 
-note() { echo "bench: $*" >&2; }
+note() { echo "bench: $(date +%T) $*" >&2; }
 
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${NGPU:-0}" -lt 1 ]; then
@@ -137,28 +151,120 @@ torch_ready() {
     "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
 }
 
-main() {
-    local rep dev devs=(0) have_torch=0 started=$SECONDS
-    [ "$NGPU" -ge 2 ] && devs=(0 1)
-    torch_ready && have_torch=1
-    [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: SGLang-pattern benchmark skipped"
-    write_machine_json || note "machine.json not written"
+part() { [[ $PARTS == *" $1 "* ]]; }
+
+# fresh BINARY SOURCE: BINARY exists and is newer than SOURCE (kept, not rebuilt).
+fresh() { [ -x "$1" ] && [ "$1" -nt "$2" ]; }
+
+# build_gpu_program NAME SOURCE [nvcc args...]: build/bench/NAME, once.
+build_gpu_program() {
+    local name=$1 src=$2 arch; shift 2
+    fresh "$BUILD/$name" "$src" && return 0
+    arch=$(gpu_arch)
+    # shellcheck disable=SC2086  # $arch is several words on purpose
+    "$NVCC" -O2 $arch -o "$BUILD/$name" "$src" "$@" >"$RAW/build_$name.log" 2>&1 ||
+        { note "build of $name failed: $RAW/build_$name.log"; return 1; }
+}
+
+# abba TAG COMMAND...: COMMAND three times, A1 without the shim, B with it
+# (stats at exit into raw/), A2 without; stdout to raw/TAG_<pass>.txt.
+abba() {
+    local tag=$1 pass; shift
+    for pass in A1 B A2; do
+        local -a envs=(-u LD_PRELOAD)
+        [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
+                                 IPCCACHE_STATS_FILE="$RAW/stats_${tag}_B.%p.json")
+        note "$tag $pass"
+        if ! timeout "$RUN_TIMEOUT" env "${envs[@]}" "$@" >"$RAW/${tag}_$pass.txt" 2>"$RAW/${tag}_$pass.log"; then
+            note "$tag $pass failed (see $RAW/${tag}_$pass.log)"
+            FAILURES=$((FAILURES + 1))
+        fi
+    done
+}
+
+# The cached VMM rebuild call by call (26 chunks of 20 MiB, PyTorch's layout
+# of a 512 MiB pool), and the legacy pair on the driver API beside it.
+bench_vmm() {
+    local dev
+    build_gpu_program vmm_rebuild tests/gpu/vmm_rebuild.c -lcuda || { FAILURES=$((FAILURES + 1)); return; }
+    fresh "$BUILD/ipcbench_shared" tools/ipcbench.cu || build_ipcbench || return
+    for dev in "${DEVS[@]}"; do
+        abba "vmm_rebuild_d$dev" "$BUILD/vmm_rebuild" "$VMM_ITERS" 26 20 "$dev"
+    done
+    for dev in "${DEVS[@]}"; do
+        note "legacy pair d$dev"
+        timeout "$RUN_TIMEOUT" env -u LD_PRELOAD "$BUILD/ipcbench_shared" --api driver --sizes 512M \
+            --threads 1 --device "$dev" --shim "$LIB" "${IPC_ARGS[@]}" \
+            >"$RAW/legacy_pair_d$dev.csv" 2>"$RAW/legacy_pair_d$dev.log" ||
+            { note "legacy pair d$dev failed"; FAILURES=$((FAILURES + 1)); }
+    done
+}
+
+# PyTorch, both allocators; A/B/A inside each run (the script spawns them).
+bench_torch() {
+    local alloc devices
+    devices=$(IFS=,; echo "${DEVS[*]}")
+    for alloc in legacy expandable; do
+        note "torch $alloc (consumers on GPU $devices)"
+        timeout "$((RUN_TIMEOUT * 2))" env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF \
+            "$PYTHON" tools/bench_torch_vmm.py --alloc "$alloc" --shim "$LIB" \
+            --consumer-devices "$devices" "${TORCH_ARGS[@]}" --stats-dir "$RAW/torch_stats" \
+            --out "$RAW/torch_$alloc.json" >"$RAW/torch_$alloc.txt" 2>"$RAW/torch_$alloc.log" ||
+            { note "torch $alloc failed (see $RAW/torch_$alloc.log)"; FAILURES=$((FAILURES + 1)); }
+    done
+}
+
+# The exporter's frees, 512 MiB, same GPU; the importers inherit the preload.
+bench_ghost() {
+    local n
+    build_gpu_program ghost_free tests/gpu/ghost_free.cu || { FAILURES=$((FAILURES + 1)); return; }
+    for n in 1 8 0; do
+        abba "ghost_free_i$n" "$BUILD/ghost_free" --size $((512 << 20)) --importers "$n" --iters "$GHOST_ITERS"
+    done
+}
+
+bench_ipc_sglang() {
+    local rep dev have_torch=$1
     build_ipcbench || exit 1
     for rep in $(seq 1 "$REPS"); do
-        for dev in "${devs[@]}"; do
+        for dev in "${DEVS[@]}"; do
             # Variants alternate within a repetition so that drift spreads evenly.
-            ipcbench_run "runtime_static_d${dev}_r$rep" "$BUILD/ipcbench_static" --api runtime --device "$dev"
-            ipcbench_run "runtime_shared_d${dev}_r$rep" "$BUILD/ipcbench_shared" --api runtime --device "$dev"
-            ipcbench_run "driver_d${dev}_r$rep" "$BUILD/ipcbench_shared" --api driver --device "$dev"
-            if [ "$have_torch" = 1 ]; then
+            if part ipc; then
+                ipcbench_run "runtime_static_d${dev}_r$rep" "$BUILD/ipcbench_static" --api runtime --device "$dev"
+                ipcbench_run "runtime_shared_d${dev}_r$rep" "$BUILD/ipcbench_shared" --api runtime --device "$dev"
+                ipcbench_run "driver_d${dev}_r$rep" "$BUILD/ipcbench_shared" --api driver --device "$dev"
+            fi
+            if part sglang && [ "$have_torch" = 1 ]; then
                 sglang_run "d${dev}_r$rep" A1-on on --device-consumer "$dev"
                 sglang_run "d${dev}_r$rep" B-off off --device-consumer "$dev"
                 sglang_run "d${dev}_r$rep" A2-on on --device-consumer "$dev"
             fi
         done
     done
+}
+
+main() {
+    local have_torch=0 started=$SECONDS
+    DEVS=(0)
+    [ "$NGPU" -ge 2 ] && DEVS=(0 1)
+    if part sglang || part torch; then
+        torch_ready && have_torch=1
+        [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: the PyTorch benchmarks are skipped"
+    fi
+    # A run in parts (BENCH_PARTS) into one folder writes it once.
+    [ -f "$OUT/machine.json" ] || write_machine_json || note "machine.json not written"
+    if part ipc || part sglang; then bench_ipc_sglang "$have_torch"; fi
+    if part vmm; then bench_vmm; fi
+    if part torch && [ "$have_torch" = 1 ]; then bench_torch; fi
+    if part ghost; then bench_ghost; fi
     note "measurements took $((SECONDS - started)) s"
-    "$PYTHON" tools/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
+    if part ipc || part sglang; then
+        "$PYTHON" tools/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
+            FAILURES=$((FAILURES + 1))
+    fi
+    if part vmm || part torch || part ghost; then
+        "$PYTHON" tools/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
+    fi
     note "results in $OUT ($FAILURES failed run(s))"
     [ "$FAILURES" -eq 0 ]
 }
