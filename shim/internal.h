@@ -171,6 +171,12 @@ IPCC_HIDDEN int ipcc_vmm_reserve_track(struct ipcc_vmm_table *t, uint64_t addr, 
 IPCC_HIDDEN int ipcc_vmm_reserve_reuse(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
                                        const uint64_t *handles, size_t n, uint64_t now_ns,
                                        uint64_t *addr);
+IPCC_HIDDEN int ipcc_vmm_reserve_next(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
+                                      const uint64_t *handles, size_t n, uint64_t after,
+                                      uint64_t now_ns, uint64_t *addr);
+IPCC_HIDDEN uint64_t ipcc_vmm_reserve_mapped(struct ipcc_vmm_table *t, uint64_t raddr,
+                                             uint64_t rsize, uint64_t addr, uint64_t handle,
+                                             uint64_t after);
 IPCC_HIDDEN enum ipcc_vmm_verdict ipcc_vmm_map(struct ipcc_vmm_table *t, uint64_t addr,
                                                uint64_t size, uint64_t handle, uint64_t now_ns,
                                                struct ipcc_vmm_ops *ops);

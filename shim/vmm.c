@@ -10,10 +10,11 @@
  *   - a release drops the reference; the real release waits (idle);
  *   - an unmap of whole mappings of our imports keeps them mapped;
  *   - a free of a range holding only kept mappings keeps the range (idle);
- *   - a reserve of that size, right after importing the allocations kept in
- *     an idle range, hands the range back; each map of the same allocation
- *     at the same place is then a no-op, and a set-access that would change
- *     nothing is skipped.
+ *   - a reserve of that size hands an idle range back: right after
+ *     importing the allocations kept there, or (PyTorch reserves before it
+ *     imports) the range that followed the previous rebuild's range last
+ *     time; each map of the same allocation at the same place is then a
+ *     no-op, and a set-access that would change nothing is skipped.
  * Everything else goes to the driver, after any kept mapping in the way has
  * really been unmapped, so the driver answers what it would without us
  * (tests/gpu/vmm_errors.cu measured those answers).
@@ -45,12 +46,19 @@ typedef CUresult (*set_access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, 
 typedef CUresult (*get_access_fn)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 
-/* The handles this thread imported since its last reserve: the chunks a
- * rebuild's reserve may find kept together. */
+/* This thread's rebuilds. handles: what it imported since its last reserve
+ * (the chunks a rebuild's reserve may find kept together, or, when it
+ * reserves first, the previous rebuild's). res_addr/res_size: its latest
+ * reservation, until the first map of an import into it tells whether it
+ * imported before or after reserving (reserve_first) and which tracked range
+ * that rebuild used (last). */
 static __thread struct {
     uint64_t handles[RECENT_MAX];
     size_t n;
     int overflow;
+    uint64_t res_addr, res_size;
+    int reserve_first;
+    uint64_t last;
 } recent;
 
 /* ---- the table, fork ------------------------------------------------------ */
@@ -69,8 +77,7 @@ static struct ipcc_vmm_table *active(void)
  * forked forgets what it imported in the parent. No CUDA. */
 void ipcc_vmm_fork_child(void)
 {
-    recent.n = 0;
-    recent.overflow = 0;
+    memset(&recent, 0, sizeof(recent));
 }
 
 static int out_of_memory(CUresult rc)
@@ -191,6 +198,36 @@ int ipcc_vmm_release_call(uint64_t handle)
 
 /* ---- reserve, free, map, unmap ------------------------------------------------ */
 
+static void note_reserve(uint64_t addr, uint64_t size)
+{
+    recent.res_addr = addr;
+    recent.res_size = size;
+}
+
+static int imported_since_reserve(uint64_t handle)
+{
+    for (size_t i = 0; i < recent.n; i++)
+        if (recent.handles[i] == handle)
+            return 1;
+    return 0;
+}
+
+/* A map of handle at ptr succeeded (or was a hit); lock held. The first one
+ * of an import into this thread's latest reservation says which order the
+ * thread rebuilds in and which range the rebuild used (tracked from now on). */
+static void note_map(struct ipcc_vmm_table *t, uint64_t ptr, uint64_t handle)
+{
+    if (!recent.res_size || ptr < recent.res_addr || ptr - recent.res_addr >= recent.res_size)
+        return;
+    uint64_t serial =
+        ipcc_vmm_reserve_mapped(t, recent.res_addr, recent.res_size, ptr, handle, recent.last);
+    if (!serial)
+        return; /* not an import: the app's own memory */
+    recent.reserve_first = imported_since_reserve(handle);
+    recent.last = serial;
+    recent.res_size = 0;
+}
+
 int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t addr,
                           unsigned long long flags)
 {
@@ -209,21 +246,29 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
     if (addr)
         ipcc_vmm_clear_range(t, addr, size, &ops); /* the hint may be ours: give way */
     else if (ptr && flags == 0 && n > 0 && (align & (align - 1)) == 0) /* else the driver's error */
-        reused = ipcc_vmm_reserve_reuse(t, size, align, recent.handles, n, ipcc_now_ns(), ptr);
+        reused = recent.reserve_first
+                     ? ipcc_vmm_reserve_next(t, size, align, recent.handles, n, recent.last,
+                                             ipcc_now_ns(), ptr)
+                     : ipcc_vmm_reserve_reuse(t, size, align, recent.handles, n, ipcc_now_ns(),
+                                              ptr);
     ipcc_unlock();
     ipcc_vmm_run_ops(&ops, 1);
-    if (reused)
+    if (reused) {
+        note_reserve(*ptr, size);
         return CUDA_SUCCESS;
+    }
     CUresult rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     if (out_of_memory(rc)) {
         ipcc_give_way_all();
         rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     }
-    if (rc == CUDA_SUCCESS && n > 0) { /* a rebuild: imports came first */
+    if (rc == CUDA_SUCCESS && n > 0) { /* a rebuild: imports came first (or the last one's) */
         ipcc_lock();
         ipcc_vmm_reserve_track(t, *ptr, size);
         ipcc_unlock();
     }
+    if (rc == CUDA_SUCCESS)
+        note_reserve(*ptr, size);
     return counted(rc);
 }
 
@@ -275,6 +320,8 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
 
 int ipcc_vmm_free_call(uint64_t ptr, size_t size)
 {
+    if (ptr == recent.res_addr)
+        recent.res_size = 0; /* gone: never tracked after the fact */
     return range_call(IPCC_SLOT_VMM_FREE, ptr, size, ipcc_vmm_free, ipcc_vmm_free_done);
 }
 
@@ -299,6 +346,8 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
     enum ipcc_vmm_verdict v = offset || flags
                                   ? ipcc_vmm_give_way(t, ptr, size, &ops)
                                   : ipcc_vmm_map(t, ptr, size, handle, ipcc_now_ns(), &ops);
+    if (v == IPCC_VMM_DONE)
+        note_map(t, ptr, handle);
     ipcc_unlock();
     if (answered(v, &ops, &rc)) {
         if (v == IPCC_VMM_DONE)
@@ -312,6 +361,7 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
     }
     if (rc == CUDA_SUCCESS) {
         ipcc_lock();
+        note_map(t, ptr, handle);
         ipcc_vmm_map_done(t, ptr, size, handle);
         ipcc_unlock();
     }

@@ -7,6 +7,14 @@
  * "kept" after the app unmapped it while the real mapping stays. A
  * reservation the app freed while it still held kept chunks is idle: the app
  * sees nothing there, the driver sees it all.
+ *
+ * Which idle range a reserve gets back depends on the app's order. If it
+ * imports first (and then reserves), the range whose kept chunks it just
+ * imported. PyTorch reserves first (c10's ExpandableSegment::fromShared):
+ * at the reserve only the previous rebuild's imports are known, so the range
+ * that followed that rebuild's range last time (next) is handed back. Either
+ * way it is a guess the maps check: a map of another allocation unmaps the
+ * kept one first, so a wrong guess costs driver calls, never a wrong mapping.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -62,8 +70,32 @@ int ipcc_vmm_reserve_track(struct ipcc_vmm_table *t, uint64_t addr, uint64_t siz
         return -1;
     r->addr = addr;
     r->size = size;
+    r->serial = ++t->serials;
     t->res[t->nres++] = r;
     return 0;
+}
+
+static struct ipcc_vmm_range *by_serial(const struct ipcc_vmm_table *t, uint64_t serial)
+{
+    for (size_t i = 0; serial && i < t->nres; i++)
+        if (t->res[i]->serial == serial)
+            return t->res[i];
+    return NULL;
+}
+
+/* An idle range a reserve of size (aligned to align) may have. */
+static int fits(const struct ipcc_vmm_range *r, uint64_t size, uint64_t align)
+{
+    return r && r->idle && r->size == size && (align == 0 || r->addr % align == 0);
+}
+
+static int hand_back(struct ipcc_vmm_table *t, struct ipcc_vmm_range *r, uint64_t now_ns,
+                     uint64_t *addr)
+{
+    set_idle(t, r, 0);
+    r->last_ns = now_ns;
+    *addr = r->addr;
+    return 1;
 }
 
 static int in_list(uint64_t h, const uint64_t *list, size_t n)
@@ -94,16 +126,75 @@ int ipcc_vmm_reserve_reuse(struct ipcc_vmm_table *t, uint64_t size, uint64_t ali
     struct ipcc_vmm_range *best = NULL;
     for (size_t i = 0; i < t->nres; i++) {
         struct ipcc_vmm_range *r = t->res[i];
-        if (r->idle && r->size == size && (align == 0 || r->addr % align == 0) &&
-            (!best || r->last_ns > best->last_ns) && chunks_match(r, handles, n))
+        if (fits(r, size, align) && (!best || r->last_ns > best->last_ns) &&
+            chunks_match(r, handles, n))
             best = r;
     }
-    if (!best)
+    return best ? hand_back(t, best, now_ns, addr) : 0;
+}
+
+/*
+ * A reserve that comes before its imports (PyTorch's order). after: the
+ * serial of this thread's latest rebuild's range, handles[]: that rebuild's
+ * imports. Hands back the idle range that followed it last time (of size,
+ * aligned to align); failing that, the one that followed another range
+ * holding just those imports (an earlier rebuild of the same segment), most
+ * recent first. 1 and *addr set, or 0.
+ */
+int ipcc_vmm_reserve_next(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
+                          const uint64_t *handles, size_t n, uint64_t after, uint64_t now_ns,
+                          uint64_t *addr)
+{
+    struct ipcc_vmm_range *prev = by_serial(t, after);
+    struct ipcc_vmm_range *best = prev ? by_serial(t, prev->next) : NULL;
+    if (fits(best, size, align))
+        return hand_back(t, best, now_ns, addr);
+    best = NULL;
+    uint64_t best_ns = 0;
+    for (size_t i = 0; i < t->nres; i++) {
+        struct ipcc_vmm_range *r = t->res[i];
+        if (!r->next || (best && r->last_ns <= best_ns) || !chunks_match(r, handles, n))
+            continue;
+        struct ipcc_vmm_range *next = by_serial(t, r->next);
+        if (fits(next, size, align)) {
+            best = next;
+            best_ns = r->last_ns;
+        }
+    }
+    return best ? hand_back(t, best, now_ns, addr) : 0;
+}
+
+static int overlaps_tracked(const struct ipcc_vmm_table *t, uint64_t addr, uint64_t size)
+{
+    for (size_t i = 0; i < t->nres; i++)
+        if (overlaps(addr, size, t->res[i]->addr, t->res[i]->size))
+            return 1;
+    return 0;
+}
+
+/*
+ * The app mapped handle at addr, inside [raddr, raddr+rsize): the latest
+ * reservation of this thread. When handle is one of our imports, that
+ * reservation holds a rebuild: tracked from now on if it was not (PyTorch
+ * imports after its reserve), and noted as the range that followed the
+ * range `after` in this thread's rebuilds. Returns its serial; 0 when handle
+ * is not ours (the app's own memory) or it cannot be tracked.
+ */
+uint64_t ipcc_vmm_reserve_mapped(struct ipcc_vmm_table *t, uint64_t raddr, uint64_t rsize,
+                                 uint64_t addr, uint64_t handle, uint64_t after)
+{
+    if (!ipcc_vmm_import_of(t, handle))
         return 0;
-    set_idle(t, best, 0);
-    best->last_ns = now_ns;
-    *addr = best->addr;
-    return 1;
+    struct ipcc_vmm_range *r = res_at(t, addr, NULL);
+    if (!r) {
+        if (overlaps_tracked(t, raddr, rsize) || ipcc_vmm_reserve_track(t, raddr, rsize) < 0)
+            return 0;
+        r = t->res[t->nres - 1];
+    }
+    struct ipcc_vmm_range *prev = by_serial(t, after);
+    if (prev)
+        prev->next = r->serial;
+    return r->serial;
 }
 
 /* ---- chunks ---------------------------------------------------------------- */

@@ -39,6 +39,8 @@ struct ipcc_vmm_chunk {
 
 struct ipcc_vmm_range {
     uint64_t addr, size;
+    uint64_t serial;                   /* never reused: names it in next */
+    uint64_t next;                     /* serial of the range one thread's next rebuild used */
     int idle;
     uint64_t last_ns;
     struct ipcc_vmm_chunk *chunks;     /* sorted by address */
@@ -51,6 +53,7 @@ struct ipcc_vmm_table {
     size_t nimports, capimports, caphandles;
     struct ipcc_vmm_range **res;
     size_t nres, capres;
+    uint64_t serials;                  /* the last range serial given */
     struct ipcc_vmm_gauges gauges;
 };
 

@@ -475,6 +475,18 @@ long long fakevmm_access(CUdeviceptr ptr, int dev)
     return f;
 }
 
+/* Whether the mapping at ptr is of the allocation h (any live handle of it)
+ * names: the test's check that a cached mapping is the right memory. */
+int fakevmm_maps_allocation(CUdeviceptr ptr, CUmemGenericAllocationHandle h)
+{
+    vlock();
+    struct vmap *m = map_at(ptr);
+    struct vhandle *v = handle_of(h);
+    int same = m && v && m->pid == v->pid && m->serial == v->serial;
+    vunlock();
+    return same;
+}
+
 /* After the process's atexit handlers: what was left behind. */
 __attribute__((destructor)) static void fake_vmm_counters_at_exit(void)
 {

@@ -39,6 +39,9 @@ void fakevmm_get_counters(struct fakevmm_counters *out);
 /* Access flags of device dev at ptr (inside a mapping); -1 if unmapped. */
 long long fakevmm_access(CUdeviceptr ptr, int dev);
 
+/* 1 when the mapping at ptr is of the allocation handle h names. */
+int fakevmm_maps_allocation(CUdeviceptr ptr, CUmemGenericAllocationHandle h);
+
 /* Resolver rows of the VMM functions (fake_cuda.c asks): the function for
  * (symbol, version), *known set when the name is a VMM one. */
 void *fakevmm_proc(const char *symbol, int version, int *known);

@@ -325,6 +325,37 @@ Test(vmm_table, inexact_calls_go_to_the_driver, .timeout = 10)
     ipcc_vmm_table_destroy(t, NULL);
 }
 
+/* Reserving before importing (PyTorch's order): a map of an import tracks
+ * the reservation and links it after the previous rebuild's range; a later
+ * reserve after that rebuild's imports gets the range that followed. A map
+ * of memory not imported tracks nothing. */
+Test(vmm_table, reserve_first_gets_the_range_that_followed, .timeout = 10)
+{
+    const uint64_t S = R + 64 * G;
+    struct ipcc_vmm_table *t = built();
+    add(t, 102, 3, 0xa3);
+    uint64_t first = ipcc_vmm_reserve_mapped(t, R, 4 * G, R, 0xa1, 0);
+    cr_assert_neq(first, 0);
+    cr_assert_eq(ipcc_vmm_reserve_mapped(t, S, 4 * G, S, 0x99, first), 0, "the app's own");
+    uint64_t second = ipcc_vmm_reserve_mapped(t, S, 4 * G, S, 0xa3, first);
+    cr_assert_neq(second, 0);
+    cr_assert_neq(second, first);
+    ipcc_vmm_map_done(t, S, G, 0xa3);
+    release_all(t);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_unmap(t, S, G, 5, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa3, 5), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_vmm_free(t, S, 4 * G, 5, &ops), IPCC_VMM_DONE);
+    const uint64_t before[] = { 0xa1, 0xa2 }, other[] = { 0xa3 };
+    uint64_t addr = 0;
+    cr_assert_eq(ipcc_vmm_reserve_next(t, 2 * G, 0, before, 2, first, 9, &addr), 0, "size");
+    cr_assert_eq(ipcc_vmm_reserve_next(t, 4 * G, 0, other, 1, 0, 9, &addr), 0, "no successor");
+    cr_assert_eq(ipcc_vmm_reserve_next(t, 4 * G, 0, before, 2, 0, 9, &addr), 1,
+                 "found by the previous rebuild's imports alone");
+    cr_assert_eq(addr, S);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
 /* Eviction takes the least recently used segment, whole, imports included. */
 Test(vmm_table, eviction_tears_down_a_segment, .timeout = 10)
 {

@@ -1,0 +1,168 @@
+/*
+ * test_vmm_torch.c - PyTorch's own order of the VMM calls through the cache,
+ * against the stand-in driver.
+ *
+ * c10's ExpandableSegment::fromShared reserves first (the whole address
+ * space a segment may grow to, far more than it maps), then imports each
+ * chunk (pidfd_getfd: a dup of the exporter's fd), maps the chunks from the
+ * start and sets access over the mapped part; its destructor unmaps and
+ * releases chunk by chunk, then frees the whole reservation. Each storage
+ * shared is its own segment: the chunks covering it. An RL weight sync sends
+ * every parameter in one message: segments of the large and the small pool
+ * (two reservation sizes) interleaved, neighbours sharing a chunk, all
+ * rebuilt before any is dropped, dropped in reverse (a list's teardown).
+ */
+#include "vmm_testutil.h"
+
+#define LARGE_VA (64 * G) /* a large-pool segment's reservation */
+#define SMALL_VA (48 * G) /* a small-pool one's */
+#define LARGE 7           /* chunks of the trainer's large-pool segment */
+#define SMALL 2
+#define MAX_CHUNKS 4
+
+/* The trainer's two segments: one export (fd) per chunk. */
+struct trainer {
+    int large[LARGE], small[SMALL];
+    CUmemGenericAllocationHandle large_h[LARGE], small_h[SMALL];
+};
+
+/* One shared storage: count chunks of a pool from first on. */
+struct param {
+    int small, first, count;
+};
+
+/* One rebuilt segment in the consumer. */
+struct rebuilt {
+    CUdeviceptr p;
+    uint64_t va;
+    int n;
+    CUmemGenericAllocationHandle h[MAX_CHUNKS];
+};
+
+static void trainer_start(struct trainer *tr)
+{
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    for (int i = 0; i < LARGE; i++)
+        tr->large[i] = export_fd(tr->large_h[i] = create());
+    for (int i = 0; i < SMALL; i++)
+        tr->small[i] = export_fd(tr->small_h[i] = create());
+}
+
+/* ExpandableSegment::fromShared: reserve, import each chunk, map, set access. */
+static void from_shared(const int *fds, int n, uint64_t va, struct rebuilt *r)
+{
+    r->va = va;
+    r->n = n;
+    cr_assert_eq(cuMemAddressReserve(&r->p, va, 0, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < n; i++) {
+        int fd = dup(fds[i]); /* what pidfd_getfd hands over */
+        r->h[i] = import(fd);
+        close(fd);
+    }
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(cuMemMap(r->p + (uint64_t)i * G, G, 0, r->h[i], 0), CUDA_SUCCESS);
+    CUmemAccessDesc d = access_on(0);
+    cr_assert_eq(cuMemSetAccess(r->p, (uint64_t)n * G, &d, 1), CUDA_SUCCESS);
+}
+
+/* Its destructor: unmapHandles over the mapped chunks, then the address free. */
+static void destroy(struct rebuilt *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        cr_assert_eq(cuMemUnmap(r->p + (uint64_t)i * G, G), CUDA_SUCCESS);
+        cr_assert_eq(cuMemRelease(r->h[i]), CUDA_SUCCESS);
+    }
+    cr_assert_eq(cuMemAddressFree(r->p, r->va), CUDA_SUCCESS);
+}
+
+static void rebuild_param(const struct trainer *tr, const struct param *pa, struct rebuilt *r)
+{
+    const int *fds = pa->small ? tr->small : tr->large;
+    from_shared(fds + pa->first, pa->count, pa->small ? SMALL_VA : LARGE_VA, r);
+}
+
+/* Every chunk of the rebuilt storage maps the trainer's own memory there. */
+static void expect_right_memory(const struct trainer *tr, const struct param *pa,
+                                const struct rebuilt *r)
+{
+    const CUmemGenericAllocationHandle *own = pa->small ? tr->small_h : tr->large_h;
+    for (int i = 0; i < pa->count; i++) {
+        CUdeviceptr at = r->p + (uint64_t)i * G;
+        cr_assert(fakevmm_maps_allocation(at, own[pa->first + i]), "chunk %d of %d", i,
+                  pa->first);
+        cr_assert_eq(fakevmm_access(at, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    }
+}
+
+/* The driver work a step did: 0 everywhere when the step was all hits. */
+static uint64_t driver_work(struct fakevmm_counters a, struct fakevmm_counters b)
+{
+    return (b.imports - a.imports) + (b.reserves - a.reserves) + (b.maps - a.maps) +
+           (b.set_accesses - a.set_accesses) + (b.unmaps - a.unmaps) +
+           (b.releases - a.releases) + (b.address_frees - a.address_frees);
+}
+
+/* One message of params: all rebuilt and checked, then dropped in reverse. */
+static uint64_t sync_step(const struct trainer *tr, const struct param *params, int n)
+{
+    struct rebuilt r[8];
+    struct fakevmm_counters before = vmm();
+    for (int i = 0; i < n; i++)
+        rebuild_param(tr, &params[i], &r[i]);
+    for (int i = 0; i < n; i++)
+        expect_right_memory(tr, &params[i], &r[i]);
+    for (int i = n; i-- > 0;)
+        destroy(&r[i]);
+    return driver_work(before, vmm());
+}
+
+/* A decoder's parameters in one message, as torch.multiprocessing sends a
+ * weight sync: from the third step on, no driver work at all. */
+Test(vmm_torch, weight_sync_steps_are_all_hits, .timeout = 20)
+{
+    static const struct param params[] = {
+        { 0, 0, 2 }, { 0, 1, 2 }, { 1, 0, 1 }, { 0, 3, 3 }, { 1, 1, 1 }, { 0, 6, 1 },
+    };
+    const int n = sizeof(params) / sizeof(params[0]);
+    struct trainer tr;
+    trainer_start(&tr);
+    sync_step(&tr, params, n);
+    sync_step(&tr, params, n);
+    for (int step = 3; step <= 5; step++)
+        cr_assert_eq(sync_step(&tr, params, n), 0, "step %d did driver work", step);
+    expect_no_stale_handles();
+}
+
+/* Features of one pool sent one at a time, alternating between two slices
+ * (each rebuilt and dropped before the next): all hits once seen. */
+Test(vmm_torch, alternating_features_are_all_hits, .timeout = 20)
+{
+    static const struct param a = { 0, 0, 2 }, b = { 0, 2, 3 };
+    struct trainer tr;
+    trainer_start(&tr);
+    sync_step(&tr, &a, 1);
+    sync_step(&tr, &b, 1);
+    sync_step(&tr, &a, 1);
+    sync_step(&tr, &b, 1);
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(sync_step(&tr, &a, 1), 0, "feature a, round %d", i);
+        cr_assert_eq(sync_step(&tr, &b, 1), 0, "feature b, round %d", i);
+    }
+    expect_no_stale_handles();
+}
+
+/* A message whose segments changed (a chunk replaced, one more storage):
+ * whatever the cache handed back, every storage maps the right memory. */
+Test(vmm_torch, changed_message_maps_the_right_memory, .timeout = 20)
+{
+    static const struct param before[] = { { 0, 0, 2 }, { 1, 0, 1 }, { 0, 2, 2 } };
+    static const struct param after[] = { { 0, 1, 2 }, { 0, 4, 3 }, { 1, 1, 1 }, { 0, 0, 1 } };
+    struct trainer tr;
+    trainer_start(&tr);
+    for (int i = 0; i < 3; i++)
+        sync_step(&tr, before, 3);
+    for (int i = 0; i < 3; i++)
+        sync_step(&tr, after, 4);
+    sync_step(&tr, before, 3);
+    expect_no_stale_handles();
+}
