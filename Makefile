@@ -35,7 +35,7 @@ FAKE       = $(BUILD)/tests/libcuda.so.1
 UNIT_SRC   = tests/test_cache.c tests/test_config.c
 E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
-             $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan
+             $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/fuzz
 
 .PHONY: all test run-tests test-sanitize test-aarch64 test-gpu bench demo install uninstall clean check-exports
 
@@ -98,6 +98,10 @@ $(BUILD)/tests/hello_tsan: tests/hello_sanitized.c
 
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
 $(BUILD)/tests/probe: tests/probe.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
+
+# One run of the differential fuzzer; tests/fuzz.sh runs it in pairs.
+$(BUILD)/tests/fuzz: tests/fuzz.c tests/fake_cuda.h $(FAKE)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
 
 # Installs missing Debian packages first (as root), then builds and runs.
