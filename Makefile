@@ -3,6 +3,8 @@
 #   make                 build build/libipccache.so
 #   make test            run the test suite (no GPU needed)
 #   make test-sanitize   the same under ASan + UBSan
+#   make fuzz            the differential fuzzer, SEEDS=1000 from FIRST=1
+#   make mutants         one-spot bugs of shim/ (tests/mutants.txt): each must be caught
 #   make test-gpu        prove it on a real GPU (says so when there is none)
 #   make bench           benchmarks on a real GPU
 #   make demo            show the main job (simulated without a GPU)
@@ -37,7 +39,7 @@ E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c, $(wildcard tests/tes
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/fuzz
 
-.PHONY: all test run-tests test-sanitize test-aarch64 test-gpu bench demo install uninstall clean check-exports
+.PHONY: all test run-tests fuzz mutants test-sanitize test-aarch64 test-gpu bench demo install uninstall clean check-exports
 
 all: $(LIB)
 
@@ -117,6 +119,17 @@ test-sanitize:
 	@$(MAKE) --no-print-directory BUILD=build/sanitize \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    run-tests
+
+# Without and with the preload, seed by seed; a failure is minimised.
+SEEDS ?= 1000
+FIRST ?= 1
+fuzz: $(LIB) $(FAKE) $(BUILD)/tests/fuzz
+	@bash tests/fuzz.sh $(BUILD) --seeds $(SEEDS) --first $(FIRST)
+
+# Each mutation of tests/mutants.txt in a copy of the tree: run-tests and a
+# fuzz batch must fail. MUTANTS="3 7" runs only those.
+mutants:
+	@bash tests/mutants.sh $(MUTANTS)
 
 # The aarch64 build, cross-compiled and run under qemu-user.
 AARCH64_BUILD = build/aarch64

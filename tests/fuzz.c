@@ -215,8 +215,8 @@ static pid_t main_pid;
 /* Per thread: raise() runs the handler in the raising thread. */
 static __thread volatile sig_atomic_t signals_seen;
 
-static void logf_(struct thread *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void logf_(struct thread *t, const char *fmt, ...)
+static void log_line(struct thread *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_line(struct thread *t, const char *fmt, ...)
 {
     char line[256];
     va_list ap;
@@ -342,18 +342,18 @@ static void do_open(struct thread *t, uint64_t r)
     if (variant == 3)
         what = " null-pointer";
     int c = current_ctx(t);
-    logf_(t, "open h%d%s in c%d -> %d", k, what, c, (int)rc);
+    log_line(t, "open h%d%s in c%d -> %d", k, what, c, (int)rc);
     if (rc == CUDA_SUCCESS && variant != 3) {
         int same = -1;
         for (int i = 0; i < t->nheld && same < 0; i++)
             if (t->held[i].ctx == c && t->held[i].p == p)
                 same = t->held[i].handle;
-        logf_(t, same < 0 ? " new" : " same-as-h%d", same);
+        log_line(t, same < 0 ? " new" : " same-as-h%d", same);
         if (t->nheld < MAX_HELD)
             t->held[t->nheld++] = (struct held){ c, p, k };
         add_seen(t, c, p);
     }
-    logf_(t, "\n");
+    log_line(t, "\n");
 }
 
 /* Runs fn() with context c current, restoring the caller's after. */
@@ -380,7 +380,7 @@ static CUresult real_close(CUdeviceptr p)
 static int close_held(struct thread *t, int i)
 {
     CUresult rc = with_ctx(t, t->held[i].ctx, real_close, t->held[i].p);
-    logf_(t, "close held h%d of c%d -> %d\n", t->held[i].handle, t->held[i].ctx, (int)rc);
+    log_line(t, "close held h%d of c%d -> %d\n", t->held[i].handle, t->held[i].ctx, (int)rc);
     int k = t->held[i].handle;
     if (rc == CUDA_SUCCESS)
         drop_held(t, i);
@@ -408,17 +408,17 @@ static void do_close(struct thread *t, enum op_kind kind, uint64_t r)
 {
     if (kind == OP_CLOSE_BOGUS || t->nheld == 0) {
         CUdeviceptr p = r % 2 ? 0 : 0xdead0000ULL;
-        logf_(t, "close bogus %s -> %d\n", p ? "unknown" : "zero", (int)drv.ipc_close(p));
+        log_line(t, "close bogus %s -> %d\n", p ? "unknown" : "zero", (int)drv.ipc_close(p));
         return;
     }
     int i = (int)(r % (unsigned)t->nheld), c = t->held[i].ctx;
     CUdeviceptr p = t->held[i].p;
     if (kind == OP_CLOSE_HERE) {
         if (c != current_ctx(t) || c < 0)
-            return (void)logf_(t, "close-here: h%d is not of the current context\n",
+            return (void)log_line(t, "close-here: h%d is not of the current context\n",
                                t->held[i].handle);
         CUresult rc = drv.ipc_close(p);
-        logf_(t, "close-here h%d of c%d -> %d\n", t->held[i].handle, c, (int)rc);
+        log_line(t, "close-here h%d of c%d -> %d\n", t->held[i].handle, c, (int)rc);
         if (rc == CUDA_SUCCESS)
             drop_held(t, i);
         return;
@@ -426,7 +426,7 @@ static void do_close(struct thread *t, enum op_kind kind, uint64_t r)
     if (close_held(t, i) < 0 || kind != OP_CLOSE_AGAIN)
         return;
     CUresult rc = with_ctx(t, c, real_close, p);
-    logf_(t, "close again -> %d\n", (int)rc);
+    log_line(t, "close again -> %d\n", (int)rc);
     if (rc == CUDA_SUCCESS)
         drop_one_more(t, c, p);
 }
@@ -435,14 +435,14 @@ static void do_close(struct thread *t, enum op_kind kind, uint64_t r)
 static void do_reopen(struct thread *t, uint64_t r)
 {
     if (t->nheld == 0)
-        return (void)logf_(t, "reopen: nothing held\n");
+        return (void)log_line(t, "reopen: nothing held\n");
     int i = (int)(r % (unsigned)t->nheld), c = t->held[i].ctx;
     int k = close_held(t, i);
     if (k < 0 || !t->ctx[c].alive)
         return;
     CUresult rc = drv.ctx_push(t->ctx[c].h);
     if (rc != CUDA_SUCCESS)
-        return (void)logf_(t, "reopen push c%d -> %d\n", c, (int)rc);
+        return (void)log_line(t, "reopen push c%d -> %d\n", c, (int)rc);
     do_open(t, (uint64_t)k | (5ULL << 8)); /* variant 5: a plain open */
     CUcontext popped;
     drv.ctx_pop(&popped);
@@ -456,27 +456,27 @@ static void do_ctx_op(struct thread *t, enum op_kind kind, uint64_t r)
     switch (kind) {
     case OP_CTX_CREATE:
         if (t->nctx == MAX_CTX)
-            return (void)logf_(t, "ctx-create: enough contexts\n");
+            return (void)log_line(t, "ctx-create: enough contexts\n");
         rc = drv.ctx_create(&h, 0, device_of(t, r));
-        logf_(t, "ctx-create on d%d -> %d as c%d\n", (int)(r % 2), (int)rc,
+        log_line(t, "ctx-create on d%d -> %d as c%d\n", (int)(r % 2), (int)rc,
               rc == CUDA_SUCCESS ? remember_ctx(t, h) : -1);
         break;
     case OP_CTX_DESTROY:
         if (c < 0)
-            return (void)logf_(t, "ctx-destroy: no context\n");
+            return (void)log_line(t, "ctx-destroy: no context\n");
         rc = drv.ctx_destroy(t->ctx[c].h);
         refresh_alive(t);
-        logf_(t, "ctx-destroy c%d -> %d\n", c, (int)rc);
+        log_line(t, "ctx-destroy c%d -> %d\n", c, (int)rc);
         break;
     case OP_PUSH:
         if (c < 0)
-            return (void)logf_(t, "push: no context\n");
+            return (void)log_line(t, "push: no context\n");
         rc = drv.ctx_push(t->ctx[c].h);
-        logf_(t, "push c%d -> %d now c%d\n", c, (int)rc, current_ctx(t));
+        log_line(t, "push c%d -> %d now c%d\n", c, (int)rc, current_ctx(t));
         break;
     default:
         rc = drv.ctx_pop(&h);
-        logf_(t, "pop -> %d now c%d\n", (int)rc, current_ctx(t));
+        log_line(t, "pop -> %d now c%d\n", (int)rc, current_ctx(t));
         break;
     }
 }
@@ -488,13 +488,13 @@ static void do_primary(struct thread *t, enum op_kind kind, uint64_t r)
     CUresult rc;
     if (kind == OP_PRIMARY_RETAIN) {
         rc = drv.primary_retain(&h, dev);
-        logf_(t, "primary-retain d%d -> %d as c%d\n", (int)(r % 2), (int)rc,
+        log_line(t, "primary-retain d%d -> %d as c%d\n", (int)(r % 2), (int)rc,
               rc == CUDA_SUCCESS ? remember_ctx(t, h) : -1);
         return;
     }
     rc = kind == OP_PRIMARY_RELEASE ? drv.primary_release(dev) : drv.primary_reset(dev);
     refresh_alive(t);
-    logf_(t, "%s d%d -> %d\n", op_names[kind], (int)(r % 2), (int)rc);
+    log_line(t, "%s d%d -> %d\n", op_names[kind], (int)(r % 2), (int)rc);
 }
 
 static void on_signal(int sig)
@@ -507,7 +507,7 @@ static void do_signal(struct thread *t)
 {
     sig_atomic_t before = signals_seen;
     raise(SIGUSR1);
-    logf_(t, "signal: handler ran %d time(s)\n", (int)(signals_seen - before));
+    log_line(t, "signal: handler ran %d time(s)\n", (int)(signals_seen - before));
 }
 
 static void run_op(struct thread *t, const struct op *op, int in_child);
@@ -540,7 +540,7 @@ static void run_child(struct thread *t, uint64_t r, int fd)
     int n = 1 + (int)pick(&s, 6);
     for (int i = 0; i <= n; i++) {
         struct op op = { random_kind(&s, 1), next_random(&s) };
-        logf_(t, "  child: ");
+        log_line(t, "  child: ");
         run_op(t, i == 0 ? &first : &op, 1);
     }
     ssize_t ignored = write(fd, t->log, t->len);
@@ -561,17 +561,17 @@ static void do_fork(struct thread *t, uint64_t r)
         run_child(t, r, fds[1]);
     }
     close(fds[1]);
-    logf_(t, "fork\n");
+    log_line(t, "fork\n");
     char buf[4096];
     ssize_t n;
     while ((n = read(fds[0], buf, sizeof(buf) - 1)) > 0) {
         buf[n] = '\0';
-        logf_(t, "%s", buf);
+        log_line(t, "%s", buf);
     }
     close(fds[0]);
     int status = 0;
     waitpid(pid, &status, 0);
-    logf_(t, "fork: child %s %d\n", WIFEXITED(status) ? "exited" : "killed by signal",
+    log_line(t, "fork: child %s %d\n", WIFEXITED(status) ? "exited" : "killed by signal",
           WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 }
 
@@ -611,7 +611,7 @@ static void drain(struct thread *t)
                 while (n < 4096 && with_ctx(t, c, real_close, t->seen[i].p) == CUDA_SUCCESS)
                     n++;
         if (t->ctx[c].alive)
-            logf_(t, "drain c%d: %d close(s)\n", c, n);
+            log_line(t, "drain c%d: %d close(s)\n", c, n);
     }
 }
 
@@ -621,7 +621,7 @@ static void *thread_main(void *arg)
     for (int i = 0; i < t->nops; i++) {
         if (keep && !keep[t->first_op + i])
             continue;
-        logf_(t, "t%d #%d ", t->id, t->first_op + i);
+        log_line(t, "t%d #%d ", t->id, t->first_op + i);
         run_op(t, &t->ops[i], 0);
     }
     if (t->drain)

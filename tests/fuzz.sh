@@ -14,7 +14,10 @@
 #   --seed S --keep LIST  one seed, only the listed ops (as printed on failure)
 #
 # Ends with "fuzz: N passed, M failed (seeds A..B)"; exits 1 if any failed.
-# FUZZ_MIN_TRIES bounds the runs spent minimising one seed (default 300).
+# FUZZ_MIN_TRIES bounds the runs spent minimising one seed (default 300);
+# FUZZ_MAX_MINIMIZE how many failing seeds are minimised (default all).
+# FUZZ_STOP=1 stops at the first failing seed (make mutants).
+# IPCC_FUZZ_NO_ALIASES=1 generates no aliased handles (see tests/fuzz.c).
 
 set -u
 
@@ -108,7 +111,9 @@ for ((seed = first; seed < first + seeds; seed++)); do
     fi
     failed=$((failed + 1))
     cp "$tmp/without.out" "$tmp/first.without"; cp "$tmp/with.out" "$tmp/first.with"
-    if differs "$seed" "$keep"; then
+    if [[ -n ${FUZZ_MAX_MINIMIZE:-} ]] && ((failed > FUZZ_MAX_MINIMIZE)); then
+        echo "fuzz: seed $seed FAILED (not minimised: tests/fuzz.sh $build --seed $seed)"
+    elif differs "$seed" "$keep"; then
         minimize "$seed"
     else
         echo "fuzz: seed $seed FAILED once and passed on a rerun (depends on thread timing):"

@@ -9,7 +9,10 @@
 #     a time (the machine has two cores); their "Synthesis:" lines are summed;
 #   - tests/check_exports.sh on BUILD/libipccache.so, counted as one check;
 #   - tests/test_tools.sh, if present, whose "tools: N passed, M failed" line
-#     is added in.
+#     is added in;
+#   - a batch of the differential fuzzer (tests/fuzz.sh), counted as one
+#     check: IPCC_FUZZ_SEEDS seeds (default 200; 0 skips it) from
+#     IPCC_FUZZ_FIRST (default 1).
 
 set -u
 
@@ -91,11 +94,27 @@ run_tools() {
     add_counts tests/test_tools.sh 'tools: ([0-9]+) passed, ([0-9]+) failed'
 }
 
+# One check for the whole batch; only the first few failing seeds are
+# minimised, so a broken build still finishes quickly.
+run_fuzz() {
+    local seeds=${IPCC_FUZZ_SEEDS:-200} first=${IPCC_FUZZ_FIRST:-1}
+    [[ $seeds == 0 ]] && return
+    echo "== tests/fuzz.sh ($seeds seeds from $first)"
+    if FUZZ_MAX_MINIMIZE=${FUZZ_MAX_MINIMIZE:-3} \
+        bash "$root/tests/fuzz.sh" "$build" --seeds "$seeds" --first "$first"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        status=1
+    fi
+}
+
 for t in test_unit test_e2e test_process; do
     run_criterion "$t"
 done
 run_check_exports
 run_tools
+run_fuzz
 
 echo "tests: $passed passed, $failed failed"
 [[ $failed -eq 0 && $status -eq 0 ]]
