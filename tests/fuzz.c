@@ -6,7 +6,7 @@
  * bad flags, NULL pointer, zero or garbage handle), closes (proper, in the
  * wrong context, double, unknown pointer), reopens, context create, destroy,
  * push, pop, primary retain, release and reset, fork (the child runs a short
- * sub-sequence and exits), and the stats signal to itself. Settings the seed
+ * sub-sequence and exits), the stats signal to itself, and resolver lookups. Settings the seed
  * also chooses: small IPCCACHE_* caps, a driver without cuCtxGetId, and how
  * the driver is reached (resolver v1/v2, dlsym).
  *
@@ -147,18 +147,18 @@ enum op_kind {
     OP_OPEN, OP_CLOSE, OP_CLOSE_HERE, OP_CLOSE_AGAIN, OP_CLOSE_BOGUS, OP_REOPEN,
     OP_CTX_CREATE, OP_CTX_DESTROY, OP_PUSH, OP_POP,
     OP_PRIMARY_RETAIN, OP_PRIMARY_RELEASE, OP_PRIMARY_RESET,
-    OP_FORK, OP_SIGNAL, OP_KINDS
+    OP_FORK, OP_SIGNAL, OP_RESOLVE, OP_KINDS
 };
 
 static const char *const op_names[OP_KINDS] = {
     "open", "close", "close-here", "close-again", "close-bogus", "reopen",
     "ctx-create", "ctx-destroy", "push", "pop",
-    "primary-retain", "primary-release", "primary-reset", "fork", "signal",
+    "primary-retain", "primary-release", "primary-reset", "fork", "signal", "resolve",
 };
 
 /* Relative frequencies; a fork child never forks again. */
 static const unsigned op_weights[OP_KINDS] = {
-    30, 18, 4, 5, 2, 6, 5, 3, 6, 4, 4, 3, 1, 2, 2,
+    30, 18, 4, 5, 2, 6, 5, 3, 6, 4, 4, 3, 1, 2, 2, 3,
 };
 
 struct op {
@@ -510,6 +510,27 @@ static void do_signal(struct thread *t)
     log_line(t, "signal: handler ran %d time(s)\n", (int)(signals_seen - before));
 }
 
+/* A lookup as cudart or cuda-python makes it, some of them bad: what comes
+ * back must be the driver's answer, with a wrapper only where the driver
+ * handed out a function. The output pointer starts as a sentinel. */
+static void do_resolve(struct thread *t, uint64_t r)
+{
+    static const char *const names[] = { "cuIpcOpenMemHandle", "cuIpcCloseMemHandle",
+                                         "cuCtxDestroy", "cuDevicePrimaryCtxReset",
+                                         "cuInit", "cuNoSuchFunction" };
+    static const int versions[] = { 0, 4010, 11000, 12000, 99999 };
+    static const cuuint64_t flags[] = { 0, 1, 2, 7 };
+    const char *name = names[r % 6];
+    int version = versions[(r >> 4) % 5], with_status = (int)((r >> 8) % 2);
+    cuuint64_t f = flags[(r >> 12) % 4];
+    void *sentinel = (void *)&t->handles[0], *fn = sentinel;
+    CUdriverProcAddressQueryResult st = (CUdriverProcAddressQueryResult)77;
+    CUresult rc = drv.resolve(name, &fn, version, f, with_status ? &st : NULL);
+    log_line(t, "resolve %s v%d flags=%d%s -> %d status=%d fn=%s\n", name, version, (int)f,
+             with_status ? "" : " no-status", (int)rc, (int)st,
+             fn == sentinel ? "untouched" : fn ? "set" : "null");
+}
+
 static void run_op(struct thread *t, const struct op *op, int in_child);
 
 /*
@@ -594,6 +615,7 @@ static void run_op(struct thread *t, const struct op *op, int in_child)
             do_fork(t, op->r);
         break;
     case OP_SIGNAL: do_signal(t); break;
+    case OP_RESOLVE: do_resolve(t, op->r); break;
     case OP_KINDS: break;
     }
 }
