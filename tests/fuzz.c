@@ -158,7 +158,7 @@ static const char *const op_names[OP_KINDS] = {
 
 /* Relative frequencies; a fork child never forks again. */
 static const unsigned op_weights[OP_KINDS] = {
-    30, 18, 4, 5, 2, 6, 5, 3, 6, 4, 4, 3, 1, 2, 2, 3,
+    30, 18, 4, 5, 2, 6, 5, 3, 6, 4, 5, 3, 3, 2, 2, 3,
 };
 
 struct op {
@@ -741,7 +741,7 @@ static int generate(uint64_t seed)
         t->id = i;
         t->nops = 5 + (int)pick(&s, MAX_OPS - 5);
         t->first_op = total;
-        t->drain = pick(&s, 4) != 0;
+        t->drain = pick(&s, 2) != 0;
         for (int k = 0; k < t->nops; k++)
             t->ops[k] = (struct op){ random_kind(&s, 0), next_random(&s) };
         total += t->nops;
