@@ -9,6 +9,8 @@
 #   make test-sanitize   the same under ASan + UBSan
 #   make test-aarch64    the aarch64 build, its checks run under qemu-user
 #   make check-exports   the library exports only the intercepted names
+#   make fuzz            the differential fuzzer, SEEDS=1000 from FIRST=1
+#   make mutants         one-spot bugs of shim/ (tests/mutants.txt): each must be caught
 #   make test-gpu        prove it on a real GPU (says so when there is none)
 #   make bench           benchmarks on a real GPU
 #   make peer            PyTorch's and numba's own IPC tests, without and with the cache
@@ -57,11 +59,11 @@ E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c tests/test_ghost.c, \
                           $(wildcard tests/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors \
-             $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer
+             $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer $(BUILD)/tests/fuzz
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
-.PHONY: all help prereqs test run-tests test-sanitize test-aarch64 test-gpu bench peer demo wheel \
+.PHONY: all help prereqs test run-tests test-sanitize test-aarch64 test-gpu bench peer fuzz mutants demo wheel \
         install uninstall clean check-exports
 
 all: $(LIB) $(CONFIG_TOOL)
@@ -172,6 +174,10 @@ $(BUILD)/tests/test_ghost: tests/test_ghost.c $(FAKE)
 $(BUILD)/tests/probe: tests/probe.c $(FAKE)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
 
+# One run of the differential fuzzer; tests/fuzz.sh runs it in pairs.
+$(BUILD)/tests/fuzz: tests/fuzz.c tests/fake_cuda.h $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
+
 # Installs missing Debian packages first (as root), then builds and runs.
 test:
 	@bash tests/setup.sh
@@ -187,6 +193,17 @@ test-sanitize:
 	@$(MAKE) --no-print-directory BUILD=build/sanitize \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	    run-tests
+
+# Without and with the preload, seed by seed; a failure is minimised.
+SEEDS ?= 1000
+FIRST ?= 1
+fuzz: $(LIB) $(FAKE) $(BUILD)/tests/fuzz
+	@bash tests/fuzz.sh $(BUILD) --seeds $(SEEDS) --first $(FIRST)
+
+# Each mutation of tests/mutants.txt in a copy of the tree: run-tests and a
+# fuzz batch must fail. MUTANTS="3 7" runs only those.
+mutants:
+	@bash tests/mutants.sh $(MUTANTS)
 
 # The aarch64 build, cross-compiled and run under qemu-user.
 AARCH64_BUILD = build/aarch64

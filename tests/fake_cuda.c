@@ -898,7 +898,7 @@ __attribute__((destructor)) static void write_counters_at_exit(void)
     fclose(f);
 }
 
-/* ==== "physical" memory, across processes ==================================
+/* ==== "physical" memory, across processes ===========================
  *
  * What the driver does with an exported allocation's memory: it stays
  * allocated until its owner has freed it (or exited) AND no process maps it
@@ -1069,4 +1069,29 @@ static int capture_forbids_unsafe_calls(void)
 {
     return env_long("FAKECUDA_GLOBAL_CAPTURE", 0) == 1 &&
            t_capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+=======
+/* ---- the differential fuzzer's view (tests/fuzz.c) ---- */
+
+/* Lists every live mapping (at most cap) and returns how many exist. The
+ * context is named by its creation serial, which never repeats, so a caller
+ * can name contexts without depending on reused addresses. */
+size_t fakecuda_list_mappings(struct fakecuda_mapping *out, size_t cap)
+{
+    lock();
+    size_t n = g_nmaps;
+    for (size_t i = 0; i < n && i < cap; i++) {
+        const struct fmap *m = &g_maps[i];
+        out[i] = (struct fakecuda_mapping){g_ctx[m->ctx].id, m->pid, m->serial, m->refs};
+    }
+    unlock();
+    return n;
+}
+
+unsigned long long fakecuda_ctx_serial(CUcontext ctx)
+{
+    lock();
+    int s = slot_of(ctx);
+    unsigned long long id = s >= 0 ? g_ctx[s].id : 0;
+    unlock();
+    return id;
 }

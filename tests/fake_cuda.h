@@ -78,6 +78,22 @@ uint64_t fakecuda_phys_bytes(void);
 CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags,
                                 CUdevice dev);
 
+/* ---- the differential fuzzer's view (tests/fuzz.c) ---- */
+
+/* One live mapping: owning context's creation serial, exported allocation,
+ * driver-side references. */
+struct fakecuda_mapping {
+    unsigned long long ctx_serial;
+    uint64_t exporter_pid, alloc_serial;
+    int refs;
+};
+
+/* Copies up to cap live mappings into out[]; returns how many exist. */
+size_t fakecuda_list_mappings(struct fakecuda_mapping *out, size_t cap);
+
+/* Creation serial of a live context (0: not a live context). */
+unsigned long long fakecuda_ctx_serial(CUcontext ctx);
+
 #ifdef __cplusplus
 }
 #endif

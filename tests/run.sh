@@ -14,6 +14,9 @@
 #     passed, M failed[, K skipped]" line that is added in;
 #   - no line of the library's ("ipccache: ...") in all that output, one
 #     check: a test that expects a message captures it.
+#   - a batch of the differential fuzzer (tests/fuzz.sh), counted as one
+#     check: IPCC_FUZZ_SEEDS seeds (default 200; 0 skips it) from
+#     IPCC_FUZZ_FIRST (default 1).
 
 set -u
 
@@ -128,6 +131,21 @@ run_script() {
     fi
 }
 
+# One check for the whole batch; only the first few failing seeds are
+# minimised, so a broken build still finishes quickly.
+run_fuzz() {
+    local seeds=${IPCC_FUZZ_SEEDS:-200} first=${IPCC_FUZZ_FIRST:-1}
+    [[ $seeds == 0 ]] && return
+    echo "== tests/fuzz.sh ($seeds seeds from $first)"
+    if FUZZ_MAX_MINIMIZE=${FUZZ_MAX_MINIMIZE:-3} \
+        bash "$root/tests/fuzz.sh" "$build" --seeds "$seeds" --first "$first"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        status=1
+    fi
+}
+
 for t in test_unit test_e2e test_process test_ghost; do
     run_criterion "$t"
 done
@@ -135,6 +153,7 @@ run_check_exports
 for script in "$root"/tests/test_*.sh; do
     [[ $script == */test_aarch64.sh ]] || run_script "$script"
 done
+run_fuzz
 
 # A message from the library that reached the output is noise (or a bug): a
 # test that expects one captures it and asserts on it.
