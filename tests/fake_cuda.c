@@ -1069,7 +1069,8 @@ static int capture_forbids_unsafe_calls(void)
 {
     return env_long("FAKECUDA_GLOBAL_CAPTURE", 0) == 1 &&
            t_capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
-=======
+}
+
 /* ---- the differential fuzzer's view (tests/fuzz.c) ---- */
 
 /* Lists every live mapping (at most cap) and returns how many exist. The
