@@ -21,6 +21,7 @@
 #define DEFAULT_MAX_IDLE_ENTRIES 256
 
 struct ipcc_config ipcc_config = {
+    .vmm = 1,
     .max_idle_bytes = DEFAULT_MAX_IDLE_BYTES,
     .max_idle_entries = DEFAULT_MAX_IDLE_ENTRIES,
     .log_level = IPCC_LOG_WARN,
@@ -165,6 +166,7 @@ int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out)
 /* ---- the table ---------------------------------------------------------- */
 
 static int set_disable(const char *s) { return ipcc_parse_bool(s, &ipcc_config.disabled); }
+static int set_vmm(const char *s) { return ipcc_parse_bool(s, &ipcc_config.vmm); }
 static int set_idle_bytes(const char *s) { return ipcc_parse_size(s, &ipcc_config.max_idle_bytes); }
 static int set_idle_entries(const char *s) { return ipcc_parse_count(s, &ipcc_config.max_idle_entries); }
 static int set_log(const char *s) { return ipcc_parse_log_level(s, &ipcc_config.log_level); }
@@ -235,6 +237,9 @@ static int set_strict(const char *s) { return ipcc_parse_bool(s, &ipcc_config.st
 static const struct ipcc_setting settings[] = {
     { "IPCCACHE_DISABLE", set_disable, "a boolean (1/0, true/false, yes/no, on/off)", "0",
       "1/true/yes/on: pure pass-through, nothing cached, no handler." },
+    { "IPCCACHE_VMM", set_vmm, "a boolean (1/0, true/false, yes/no, on/off)", "1",
+      "0/false/no/off: pass the VMM path (PyTorch's expandable segments) through untouched and cache"
+      " legacy IPC only." },
     { "IPCCACHE_MAX_IDLE_BYTES", set_idle_bytes, "a size such as 8G, 512M or 1048576", "8G",
       "Most bytes kept mapped with no reference, legacy IPC mappings and VMM imports together;"
       " past it the least recently used idle ones, of either kind, are really closed."

@@ -275,6 +275,7 @@ enum ipcc_log_level { IPCC_LOG_ERROR, IPCC_LOG_WARN, IPCC_LOG_INFO, IPCC_LOG_DEB
 
 struct ipcc_config {
     int disabled;
+    int vmm;                 /* cache the VMM path too (IPCCACHE_VMM) */
     uint64_t max_idle_bytes;
     uint64_t max_idle_entries;
     enum ipcc_log_level log_level;

@@ -175,7 +175,7 @@ int ipcc_vmm_export_call(void *out, uint64_t handle, int type, unsigned long lon
     if (rc != CUDA_SUCCESS || !out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return rc;
     ipcc_lifecycle_start();
-    if (ipcc_config.disabled)
+    if (ipcc_config.disabled || !ipcc_config.vmm)
         return rc;
     pthread_once(&fork_once, watch_forks);
     remember(handle, *(int *)out);

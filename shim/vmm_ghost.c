@@ -106,7 +106,7 @@ void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t handle, int f
     static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
     unsigned char tag[IPCC_HANDLE_BYTES];
     struct ipcc_proc owner;
-    if (ipcc_config.disabled || !find_export(fd, tag, &owner))
+    if (ipcc_config.disabled || !ipcc_config.vmm || !find_export(fd, tag, &owner))
         return;
     pthread_once(&fork_once, watch_forks);
     ipcc_lock();

@@ -147,6 +147,26 @@ Test(vmm, disabled_imports_every_time, .timeout = 10)
     cr_assert_eq(vmm().imports - before, 2);
 }
 
+/* IPCCACHE_VMM=0: every import is the driver's, and legacy IPC is still cached. */
+Test(vmm, vmm_off_imports_every_time_legacy_still_cached, .timeout = 10)
+{
+    setenv("IPCCACHE_VMM", "0", 1);
+    int fds[CHUNKS];
+    exporter(fds);
+    uint64_t before = vmm().imports;
+    CUmemGenericAllocationHandle a = import(fds[0]), b = import(fds[0]);
+    cr_assert_neq(a, b);
+    cr_assert_eq(vmm().imports - before, 2);
+    cr_assert_eq(cuMemRelease(a), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(b), CUDA_SUCCESS);
+    tu_context();
+    CUipcMemHandle h = tu_handle(7, 1 << 20);
+    uint64_t maps = tu_driver().maps;
+    tu_close(tu_open(h));
+    tu_close(tu_open(h));
+    cr_assert_eq(tu_driver().maps - maps, 1, "legacy IPC is still cached");
+}
+
 /* Where kcmp is refused (seccomp), imports pass through uncached; said once. */
 Test(vmm, kcmp_refused_passes_through, .timeout = 10, .init = cr_redirect_stderr)
 {
