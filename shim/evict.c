@@ -33,8 +33,9 @@ static size_t close_in_batches(take_fn take, const void *arg, int evicted)
         struct ipcc_vmm_ops ops = { 0 };
         ipcc_lock();
         n = take(arg, victims, BATCH, &nlegacy, &ops);
+        ipcc_closing_add(victims, nlegacy);
         ipcc_unlock();
-        ipcc_close_victims(victims, nlegacy, evicted);
+        ipcc_close_listed_victims(victims, nlegacy, evicted);
         ipcc_vmm_run_ops(&ops, evicted);
         total += n;
     } while (n == BATCH);

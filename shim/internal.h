@@ -431,6 +431,11 @@ IPCC_HIDDEN void ipcc_sweep_dead_contexts(void);
 
 /* ---- mappings_evict.c: really closing legacy mappings given up ---------- */
 
+IPCC_HIDDEN void ipcc_closing_add(const struct ipcc_victim *v, size_t n);
+IPCC_HIDDEN void ipcc_closing_remove(const struct ipcc_victim *v, size_t n);
+IPCC_HIDDEN int ipcc_closing_has(uint64_t ctx_id, uint64_t dptr);
+IPCC_HIDDEN void ipcc_closing_reset(void);
+IPCC_HIDDEN void ipcc_close_listed_victims(const struct ipcc_victim *v, size_t n, int evicted);
 IPCC_HIDDEN void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted);
 
 /* ---- evict.c: the one budget, enforced for both kinds -------------------- */

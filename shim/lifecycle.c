@@ -36,6 +36,7 @@ static void after_fork_child(void)
 {
     ipcc_lock_reset();
     ipcc_tables_fork_child();
+    ipcc_closing_reset();
     ipcc_vmm_fork_child();
     ipcc_stats_reset();
     ipcc_contexts_changing();

@@ -9,6 +9,7 @@
  * across a driver call, so a slow map (milliseconds across GPUs) does not
  * stall other threads' hits.
  */
+#include <sched.h>
 #include <string.h>
 
 #include <cuda.h>
@@ -216,6 +217,21 @@ int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned 
 
 /* ---- close -------------------------------------------------------------- */
 
+/* The cache is really closing this mapping in another thread (eviction, an
+ * exporter's request, a close past zero): the driver still holds the cache's
+ * reference, so answering now would take it. Wait for that close; it never
+ * waits on anything of ours. */
+static void wait_until_closed(uint64_t ctx_id, uint64_t dptr)
+{
+    int closing;
+    do {
+        sched_yield();
+        ipcc_lock();
+        closing = ipcc_closing_has(ctx_id, dptr);
+        ipcc_unlock();
+    } while (closing);
+}
+
 int ipcc_close(uint64_t dptr)
 {
     close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
@@ -228,11 +244,17 @@ int ipcc_close(uint64_t dptr)
     if (ipcc_config.disabled || current_context(&ctx, &ctx_id) < 0)
         return passthrough_close(real, (CUdeviceptr)dptr);
 
+    const struct ipcc_victim self = { ctx, ctx_id, dptr, 0 };
     ipcc_lock();
     enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr, ipcc_now_ns());
+    int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_closing_has(ctx_id, dptr);
+    if (r == IPCC_RELEASE_PAST_ZERO)
+        ipcc_closing_add(&self, 1);
     ipcc_unlock();
     switch (r) {
     case IPCC_RELEASE_NOT_FOUND:
+        if (closing)
+            wait_until_closed(ctx_id, dptr);
         return passthrough_close(real, (CUdeviceptr)dptr);
     case IPCC_RELEASE_PAST_ZERO:
         /* Every reference cached opens took is closed: this one is the
@@ -240,6 +262,9 @@ int ipcc_close(uint64_t dptr)
          * gone; give its reference back, then let the driver answer. */
         IPCC_COUNT(close_past_zero);
         timed_real_close(real, (CUdeviceptr)dptr);
+        ipcc_lock();
+        ipcc_closing_remove(&self, 1);
+        ipcc_unlock();
         return count_result(real((CUdeviceptr)dptr));
     case IPCC_RELEASE_OK:
         break;

@@ -11,6 +11,79 @@
 
 typedef CUresult (*close_fn)(CUdeviceptr);
 
+/* ---- mappings being closed --------------------------------------------- */
+
+/*
+ * A victim leaves the table under the lock and is closed after it. Until
+ * then the driver still holds the cache's reference, so an application's
+ * extra close of that pointer meanwhile (one the driver alone would refuse)
+ * would drop the cache's reference and succeed. Victims are listed here
+ * until their close is done, and such a close waits for it. Fixed slots:
+ * more closes in flight at once than slots leaves the rest unlisted (the
+ * race above, for them only). All three calls need the table lock.
+ */
+#define CLOSING_SLOTS 128
+static struct {
+    uint64_t ctx_id, dptr;
+    int used;
+} closing[CLOSING_SLOTS];
+
+void ipcc_closing_add(const struct ipcc_victim *v, size_t n)
+{
+    for (size_t i = 0, s = 0; i < n; i++) {
+        while (s < CLOSING_SLOTS && closing[s].used)
+            s++;
+        if (s == CLOSING_SLOTS)
+            return;
+        closing[s].ctx_id = v[i].ctx_id;
+        closing[s].dptr = v[i].dptr;
+        closing[s].used = 1;
+    }
+}
+
+static int closing_slot(uint64_t ctx_id, uint64_t dptr)
+{
+    for (int s = 0; s < CLOSING_SLOTS; s++)
+        if (closing[s].used && closing[s].ctx_id == ctx_id && closing[s].dptr == dptr)
+            return s;
+    return -1;
+}
+
+void ipcc_closing_remove(const struct ipcc_victim *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int s = closing_slot(v[i].ctx_id, v[i].dptr);
+        if (s >= 0)
+            closing[s].used = 0;
+    }
+}
+
+int ipcc_closing_has(uint64_t ctx_id, uint64_t dptr)
+{
+    return closing_slot(ctx_id, dptr) >= 0;
+}
+
+/* Fork child: the closes in flight were the parent's threads'. */
+void ipcc_closing_reset(void)
+{
+    for (int s = 0; s < CLOSING_SLOTS; s++)
+        closing[s].used = 0;
+}
+
+/* Closes victims the caller took from the table under the lock and listed
+ * as closing before it unlocked; unlists them after. */
+void ipcc_close_listed_victims(const struct ipcc_victim *v, size_t n, int evicted)
+{
+    ipcc_close_victims(v, n, evicted);
+    if (n == 0)
+        return;
+    ipcc_lock();
+    ipcc_closing_remove(v, n);
+    ipcc_unlock();
+}
+
+/* ---- closing ------------------------------------------------------------- */
+
 /* What closing one victim came to. */
 enum close_outcome { CLOSED, FAILED, CONTEXT_GONE };
 

@@ -67,8 +67,9 @@ static uint64_t close_idle_of(const unsigned char *handle)
         live = 0;
         ipcc_lock();
         n = ipcc_cache_take_idle_by_handle(ipcc_table(), handle, v, BATCH, &live);
+        ipcc_closing_add(v, n);
         ipcc_unlock();
-        ipcc_close_victims(v, n, 0);
+        ipcc_close_listed_victims(v, n, 0);
         IPCC_ADD(releases_on_request, n);
     } while (n == BATCH);
     return live;

@@ -2,6 +2,8 @@
  * test_evict.c - idle mappings are bounded: past either cap the least
  * recently used idle mapping is really closed, in its own context.
  */
+#include <pthread.h>
+#include <unistd.h>
 #include "testutil.h"
 
 /* With room for two idle entries, closing a third evicts the oldest. */
@@ -123,4 +125,48 @@ Test(evict, never_closes_in_a_successor_context, .timeout = 10)
     CUcontext now = NULL;
     cuCtxGetCurrent(&now);
     cr_assert_eq(now, c2);
+}
+
+struct late_close {
+    CUcontext ctx;
+    CUdeviceptr ptr;
+    pthread_t thread;
+    CUresult rc;
+};
+
+static void *close_again(void *arg)
+{
+    struct late_close *l = arg;
+    cuCtxSetCurrent(l->ctx);
+    l->rc = cuIpcCloseMemHandle(l->ptr);
+    return NULL;
+}
+
+/* Another thread's extra close of the victim, while the eviction is between
+ * taking it and closing it, runs meanwhile (the sleep gives it time). */
+static void close_meanwhile(void *arg)
+{
+    struct late_close *l = arg;
+    cr_assert_eq(pthread_create(&l->thread, NULL, close_again, l), 0);
+    usleep(100 * 1000);
+}
+
+/* A close of a pointer the application has already closed gets the driver's
+ * answer (invalid value) even while an eviction is closing that mapping: it
+ * waits for the eviction instead of taking the cache's own reference. */
+Test(evict, extra_close_during_eviction_is_the_drivers_error, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "1", 1);
+    struct late_close l = { .ctx = tu_context() };
+    l.ptr = tu_open(tu_handle(44, 4096));
+    tu_close(l.ptr); /* idle in l.ctx */
+    CUcontext c2 = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&c2, 0, 1), CUDA_SUCCESS);
+    CUdeviceptr b = tu_open(tu_handle(45, 4096));
+    fakecuda_on_next_push(close_meanwhile, &l);
+    tu_close(b); /* two idle: evicts l.ptr, pushing its context */
+    cr_assert_eq(pthread_join(l.thread, NULL), 0);
+    cr_assert_eq(l.rc, CUDA_ERROR_INVALID_VALUE, "the driver alone says %d, got %d",
+                 CUDA_ERROR_INVALID_VALUE, l.rc);
+    cr_assert_eq(fakecuda_refcount(l.ctx, l.ptr), 0);
 }
