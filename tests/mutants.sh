@@ -25,6 +25,8 @@
 # non-zero unless every mutant was caught.
 #
 # MUTANT_FULL=1: skip stage 1 (every mutant gets the suite and the batch).
+# MUTANT_HANG_S: how long a Criterion program may run (default 300 s; they
+# take seconds).
 # MUTANT_FUZZ_SEEDS: seeds in each fuzz batch (default 200; 0: suite only).
 # IPCC_FUZZ_NO_ALIASES is passed on (see tests/fuzz.c).
 
@@ -33,6 +35,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 list=$root/tests/mutants.txt
 seeds=${MUTANT_FUZZ_SEEDS:-200}
 full=${MUTANT_FULL:-0}
+hang_s=${MUTANT_HANG_S:-300}
 work=$(mktemp -d "${TMPDIR:-/tmp}/ipccache-mutants.XXXXXX") || exit 2
 trap 'rm -rf "$work"' EXIT
 chmod 711 "$work" # a tool test runs a process as another user on the copy's library
@@ -103,14 +106,16 @@ new_in() {
 
 # criterion TREE LOG: the Criterion programs, in the environment run.sh gives
 # them (a private TMPDIR and XDG_RUNTIME_DIR); a program that ends without its
-# summary line (crashed) is one failure.
+# summary line (crashed, or still running after MUTANT_HANG_S seconds: a
+# mutant can make a test wait forever for something that never comes) is
+# one failure.
 criterion() {
     local tree=$1 log=$2 private bin
     private=$(mktemp -d "$work/env.XXXXXX") && chmod 711 "$private" && mkdir -m 700 "$private/run"
     : >"$log"
     for bin in test_unit test_e2e test_process test_ghost; do
         (cd "$tree" && IPCC_TEST_BUILD=build TMPDIR=$private XDG_RUNTIME_DIR=$private/run \
-            "build/tests/$bin" --jobs 2) >"$log.one" 2>&1
+            timeout -k 10 "$hang_s" "build/tests/$bin" --jobs 2) >"$log.one" 2>&1
         cat "$log.one" >>"$log"
         grep -q 'Synthesis: Tested:' "$log.one" ||
             echo "mutants.sh: $bin ended without its summary" >>"$log"
