@@ -31,6 +31,7 @@
 # IPCC_FUZZ_NO_ALIASES is passed on (see tests/fuzz.c).
 
 set -u
+shopt -s extglob
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 list=$root/tests/mutants.txt
 seeds=${MUTANT_FUZZ_SEEDS:-200}
@@ -104,18 +105,34 @@ new_in() {
     comm -13 <(failures "$work/base.${2:-suite}") <(failures "$1")
 }
 
+# reap TREE: ends what a test left running in the copy TREE. A forked child
+# that fails an assertion becomes a Criterion worker of its own, in a session
+# of its own, and waits forever for a runner that is gone.
+reap() {
+    local d
+    for d in /proc/[0-9]*; do
+        [[ $(readlink "$d/cwd" 2>/dev/null) == "$1"@(| *|/*) ]] && kill -KILL "${d#/proc/}" 2>/dev/null
+    done
+}
+
 # criterion TREE LOG: the Criterion programs, in the environment run.sh gives
 # them (a private TMPDIR and XDG_RUNTIME_DIR); a program that ends without its
 # summary line (crashed, or still running after MUTANT_HANG_S seconds: a
 # mutant can make a test wait forever for something that never comes) is
 # one failure.
 criterion() {
-    local tree=$1 log=$2 private bin
+    local tree=$1 log=$2 private bin pid
     private=$(mktemp -d "$work/env.XXXXXX") && chmod 711 "$private" && mkdir -m 700 "$private/run"
     : >"$log"
     for bin in test_unit test_e2e test_process test_ghost; do
+        # timeout runs the program in a process group of its own: whatever a
+        # mutated test left running in it goes too.
         (cd "$tree" && IPCC_TEST_BUILD=build TMPDIR=$private XDG_RUNTIME_DIR=$private/run \
-            timeout -k 10 "$hang_s" "build/tests/$bin" --jobs 2) >"$log.one" 2>&1
+            exec timeout -k 10 "$hang_s" "build/tests/$bin" --jobs 2) >"$log.one" 2>&1 &
+        pid=$!
+        wait "$pid"
+        kill -KILL -- "-$pid" 2>/dev/null
+        reap "$tree"
         cat "$log.one" >>"$log"
         grep -q 'Synthesis: Tested:' "$log.one" ||
             echo "mutants.sh: $bin ended without its summary" >>"$log"
@@ -173,6 +190,7 @@ check() {
             >"$work/$name.fuzz" 2>&1; then
         what+=(fuzz)
     fi
+    reap "$tree"
     local IFS=,
     echo "${what[*]}"
 }
