@@ -63,7 +63,7 @@ TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/tes
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
-.PHONY: all help prereqs test run-tests test-sanitize test-aarch64 test-gpu bench peer fuzz mutants demo wheel \
+.PHONY: all help prereqs test run-tests test-programs test-sanitize test-aarch64 test-gpu bench peer fuzz mutants demo wheel \
         install uninstall clean check-exports
 
 all: $(LIB) $(CONFIG_TOOL)
@@ -183,8 +183,11 @@ test:
 	@bash tests/setup.sh
 	@$(MAKE) --no-print-directory run-tests
 
-run-tests: $(LIB) $(CONFIG_TOOL) $(FAKE) $(TEST_BINS)
+run-tests: test-programs
 	@bash tests/run.sh $(BUILD)
+
+# Everything the suite runs, built (make mutants rebuilds a mutated copy so).
+test-programs: $(LIB) $(CONFIG_TOOL) $(FAKE) $(TEST_BINS)
 
 # The tools use the plain build/ipccache-config: built first.
 test-sanitize:

@@ -3,6 +3,8 @@
  * handler's manners (installed late, chains to the previous one, safe while
  * the cache is busy).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -99,6 +101,36 @@ Test(stats, chains_to_previous_handler, .timeout = 10)
     raise(SIGUSR2);
     cr_assert_eq(atomic_load(&previous_calls), 1);
     cr_assert_eq(tu_stat(path, "opens"), 1);
+}
+
+/* The interrupted code's errno survives the handler even when the handler's
+ * own calls fail: the stats file's folder does not exist, so its open fails
+ * and the line goes to stderr (captured here). */
+Test(stats, handler_keeps_errno, .timeout = 10)
+{
+    const char *dir = getenv("TMPDIR");
+    char missing[512], err_path[512], out[4096] = "";
+    dir = dir && *dir == '/' ? dir : "/tmp";
+    snprintf(missing, sizeof(missing), "%s/ipcc-no-such-folder-%ld/s.stats", dir, (long)getpid());
+    snprintf(err_path, sizeof(err_path), "%s/ipcc-test-%ld.err", dir, (long)getpid());
+    setenv("IPCCACHE_STATS_FILE", missing, 1);
+    tu_context();
+    tu_close(tu_open(tu_handle(56, 4096)));
+
+    int err_fd = open(err_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int saved = dup(STDERR_FILENO);
+    cr_assert(err_fd >= 0 && saved >= 0 && dup2(err_fd, STDERR_FILENO) == STDERR_FILENO);
+    errno = EDOM;
+    raise(SIGUSR1);
+    int after = errno;
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    ssize_t n = pread(err_fd, out, sizeof(out) - 1, 0);
+    close(err_fd);
+    unlink(err_path);
+
+    cr_assert_eq(after, EDOM, "errno is %d after the handler", after);
+    cr_assert(n > 0 && strstr(out, "\"opens\""), "no stats line on stderr: %s", out);
 }
 
 static CUcontext busy_ctx;

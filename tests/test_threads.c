@@ -107,8 +107,9 @@ Test(threads, slow_map_does_not_block_hits, .timeout = 30)
     setenv("FAKECUDA_OPEN_DELAY_US", "2000000", 1);
     pthread_t t;
     pthread_create(&t, NULL, slow_open, NULL);
-    while (tu_driver().open_calls < 2)
+    while (tu_driver().open_calls < 2 && !atomic_load(&slow_open_done))
         usleep(100); /* the slow open is inside the driver now */
+    cr_assert_eq(tu_driver().open_calls, 2, "the other handle's open never reached the driver");
     for (int i = 0; i < 10000; i++)
         tu_close(tu_open(hot));
     cr_assert_eq(atomic_load(&slow_open_done), 0, "hits waited for the slow map");
