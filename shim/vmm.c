@@ -68,7 +68,7 @@ static __thread struct {
 static struct ipcc_vmm_table *active(void)
 {
     struct ipcc_vmm_table *t = ipcc_vmm_table();
-    if (!t || ipcc_config.disabled || !ipcc_config.vmm)
+    if (!t || ipcc_config.disabled)
         return NULL;
     return t;
 }
@@ -151,7 +151,7 @@ int ipcc_vmm_import_call(uint64_t *handle, void *os, int type_int)
     if (!real)
         return NO_DRIVER;
     ipcc_lifecycle_start();
-    if (!ipcc_config.disabled && ipcc_config.vmm)
+    if (!ipcc_config.disabled && ipcc_config.vmm) /* IPCCACHE_VMM=0: no table, no caching */
         ipcc_tables_vmm_start();
     struct ipcc_vmm_table *t = active();
     struct ipcc_vmm_id id;
