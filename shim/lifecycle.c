@@ -20,20 +20,31 @@ static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 
 /* ---- fork: no CUDA calls here; the child's CUDA state is not usable ----- */
 
+/*
+ * A fork while another thread is inside start() makes glibc run start()
+ * again in the child (pthread_once does so for an initialisation a vanished
+ * thread left unfinished), so these handlers can be registered twice: the
+ * forking thread takes the lock only at the outermost call.
+ */
+static __thread int fork_depth;
+
 static void before_fork(void)
 {
-    ipcc_lock();
+    if (fork_depth++ == 0)
+        ipcc_lock();
 }
 
 static void after_fork_parent(void)
 {
-    ipcc_unlock();
+    if (--fork_depth == 0)
+        ipcc_unlock();
 }
 
 /* The child's mappings belong to the parent's contexts: forget them all.
  * The lock may have been taken by a thread that does not exist here. */
 static void after_fork_child(void)
 {
+    fork_depth = 0;
     ipcc_lock_reset();
     ipcc_tables_fork_child();
     ipcc_closing_reset();
@@ -54,6 +65,9 @@ static void after_fork_child(void)
  * process ends anyway; the release only hands memory back sooner. */
 static void at_exit(void)
 {
+    static int ran; /* registered twice after a fork during start() */
+    if (ran++)
+        return;
     if (ipcc_config.stats_at_exit)
         ipcc_stats_write_line();
     if (!ipcc_lock_try())

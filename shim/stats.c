@@ -309,6 +309,10 @@ static int install(int sig)
     struct sigaction now, sa;
     if (sigaction(sig, NULL, &now) != 0)
         return -1;
+    /* Already ours: a fork child running start() again (lifecycle.c). Taking
+     * our own handler as the program's would make it call itself forever. */
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_stats_signal)
+        return 0;
     if (is_ignored(&now) && !ipcc_config.stats_signal_explicit) {
         ipcc_log(IPCC_LOG_INFO, "signal %d is ignored by this program; leaving it so "
                  "(no stats handler; set IPCCACHE_STATS_SIGNAL to take it anyway)", sig);
