@@ -40,7 +40,7 @@
 #define MAX_ENV 24
 
 static char build_dir[PATH_MAX];
-static char tmpdir[64];
+static char tmpdir[PATH_MAX];
 
 /* ---- the test's private directory ----------------------------------------- */
 
@@ -56,7 +56,8 @@ static void setup(void)
     const char *b = getenv("IPCC_TEST_BUILD");
     if (!realpath(b && *b ? b : "build", build_dir))
         cr_fatal("build folder: %s", strerror(errno));
-    strcpy(tmpdir, "/tmp/ipcc-ghost-XXXXXX");
+    const char *t = getenv("TMPDIR"); /* the run's own folder (tests/run.sh) */
+    snprintf(tmpdir, sizeof(tmpdir), "%s/ipcc-ghost-XXXXXX", t && *t ? t : "/tmp");
     cr_assert_not_null(mkdtemp(tmpdir));
     setenv("FAKECUDA_PHYS_DIR", tmpdir, 1);
 }
