@@ -19,7 +19,6 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -39,12 +38,18 @@ struct ipcc_ledger_file *ipcc_ledger_file(void)
 
 /* ---- processes ------------------------------------------------------------ */
 
-/* Start time of pid in clock ticks after boot; 0 if it is gone, a zombie
- * (its mappings died with it), or /proc cannot tell. */
+/* Start time of pid in clock ticks after boot (field 22 of /proc/pid/stat);
+ * 0 if it is gone, a zombie (its mappings died with it), or /proc cannot
+ * tell. Async-signal-safe: marker.c calls it in a fork child. */
 uint64_t ipcc_proc_start(int32_t pid)
 {
     char path[40], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    struct ipcc_out o = IPCC_OUT(path);
+    ipcc_out_str(&o, "/proc/");
+    ipcc_out_u64(&o, (uint64_t)pid);
+    ipcc_out_str(&o, "/stat");
+    if (pid <= 0 || ipcc_out_end(&o) < 0)
+        return 0;
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -57,10 +62,11 @@ uint64_t ipcc_proc_start(int32_t pid)
     char *p = strrchr(buf, ')');
     if (!p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X')
         return 0;
-    unsigned long long start = 0;
-    if (sscanf(p + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
-                      "%*s %*s %*s %*s %llu", &start) != 1)
-        return 0;
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    uint64_t start = 0;
+    for (p = p ? p + 1 : NULL; p && *p >= '0' && *p <= '9'; p++)
+        start = start * 10 + (uint64_t)(*p - '0');
     return start;
 }
 

@@ -34,7 +34,6 @@
 #include "internal.h"
 
 #define MARKER_SCHEMA 1
-#define STAT_FIELD_START 22
 
 static _Atomic long marker_pid; /* whose marker this process wrote; 0: none */
 static _Atomic int remove_registered;
@@ -49,28 +48,6 @@ static int marker_name(char *buf, size_t cap, long pid, const char *suffix)
     ipcc_out_u64(&o, (uint64_t)pid);
     ipcc_out_str(&o, suffix);
     return ipcc_out_end(&o);
-}
-
-/* Field 22 of /proc/self/stat; 0 if it cannot be read. The command name
- * (field 2) may hold spaces and parentheses: count from the last ')'. */
-static uint64_t start_time(void)
-{
-    char buf[1024];
-    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    for (int field = 2; p && field < STAT_FIELD_START; field++)
-        p = strchr(p + 1, ' ');
-    uint64_t v = 0;
-    for (p = p ? p + 1 : NULL; p && *p >= '0' && *p <= '9'; p++)
-        v = v * 10 + (uint64_t)(*p - '0');
-    return v;
 }
 
 static void put_line(struct ipcc_out *o, const char *key, const char *value)
@@ -92,7 +69,7 @@ static int format_marker(char *buf, size_t cap, long pid, int sig, const char *r
     ipcc_out_str(&o, "\npid=");
     ipcc_out_u64(&o, (uint64_t)pid);
     ipcc_out_str(&o, "\nstart=");
-    ipcc_out_u64(&o, start_time());
+    ipcc_out_u64(&o, ipcc_proc_start((int32_t)getpid()));
     ipcc_out_str(&o, "\nsignal=");
     ipcc_out_u64(&o, (uint64_t)sig);
     ipcc_out_str(&o, "\nbase=");

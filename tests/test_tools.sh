@@ -11,7 +11,7 @@
 #    build/tests/libcuda.so.1 when it is built, else one compiled here.
 #
 # Prints "ok - NAME" / "not ok - NAME" per case and ends with the line
-# "tools: N passed, M failed"; exits non-zero on any failure.
+# "tools: N passed, M failed, K skipped"; exits non-zero on any failure.
 #
 # Each case (new_case) sees only its own processes and files: the fakes of
 # the case before are killed and reaped, and it gets a fresh private
@@ -40,7 +40,6 @@ tmp=$(cd "$tmp" && pwd -P)
 chmod 755 "$tmp"
 mkdir -m 1777 "$tmp/run"
 
-passed=0 failed=0 skipped=0
 fake_pids=()
 
 cleanup() {
@@ -51,22 +50,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ok() { echo "ok - $1"; passed=$((passed + 1)); }
-not_ok() { echo "not ok - $1"; failed=$((failed + 1)); }
-skip() { echo "ok - $1 # SKIP $2"; skipped=$((skipped + 1)); }
-
-# check NAME CONDITION...: one case from the exit status of CONDITION. On
-# failure the output of the last tool run is shown, as TAP comments.
-check() {
-    local name=$1
-    shift
-    if "$@"; then
-        ok "$name"
-    else
-        not_ok "$name"
-        sed 's/^/#   /' "$tmp/out" "$tmp/err" 2>/dev/null | head -n 40
-    fi
-}
+# The case helpers (ok, not_ok, skip, check): on failure a case shows the
+# output of the last tool run, as TAP comments.
+source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
+TAP_SHOW="$tmp/out $tmp/err"
 
 # Tool runs, bounded in time. Output goes to $tmp/out and $tmp/err; the
 # exit status to $rc.
@@ -730,6 +717,4 @@ else
 fi
 
 new_case  # reaps the last processes
-echo "# skipped: $skipped"
-echo "tools: $passed passed, $failed failed"
-[[ $failed == 0 ]]
+tap_summary tools
