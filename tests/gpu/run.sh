@@ -3,7 +3,7 @@
 #
 # Needs an NVIDIA GPU; without one it says so and exits 0.  Builds
 # tests/gpu/ipc_pair.cu with nvcc (cudart static and shared) and the VMM
-# programs (vmm_errors.cu, vmm_rebuild.c) into build/gpu/, runs every program
+# programs (vmm_errors.cu, vmm_rebuild.c, vmm_ghost.c) into build/gpu/, runs every program
 # once without and once with the shim, and compares.  PyTorch runs twice:
 # legacy IPC, and expandable segments (the VMM path).
 #
@@ -18,6 +18,7 @@
 #   VMM_ITERS, VMM_CHUNKS, VMM_CHUNK_MB  vmm_rebuild's rebuilds, chunks, MiB (50, 26, 20)
 #   GPU_TEST_TIMEOUT  seconds allowed per program run (default 180)
 #   GHOST_SIZE     bytes the exporter frees in the ghost-memory check (default 8 GiB)
+#   VMM_GHOST_CHUNKS, VMM_GHOST_CHUNK_MB  the VMM ghost-memory check's chunks, MiB (8, 256)
 set -u
 
 cd "$(dirname "$0")/../.." || exit 2
@@ -93,7 +94,7 @@ build() {
         ok=1
     fi
     local prog src
-    for src in ctx_teardown.cu vmm_errors.cu vmm_rebuild.c; do
+    for src in ctx_teardown.cu vmm_errors.cu vmm_rebuild.c vmm_ghost.c; do
         prog=${src%.*}
         # shellcheck disable=SC2086  # $arch is several words on purpose
         if "$NVCC" -O2 $arch -o "$BUILD_DIR/$prog" "$HERE/$src" \
@@ -335,6 +336,46 @@ ghost_suite() {
     fi
 }
 
+# within A B SLACK: A and B are integers at most SLACK apart.
+within() {
+    [[ $1 =~ ^-?[0-9]+$ && $2 =~ ^-?[0-9]+$ ]] || return 1
+    [ $(($1 > $2 ? $1 - $2 : $2 - $1)) -le "$3" ]
+}
+
+# The same on the VMM path (vmm_ghost.c): the exporter's cuMemRelease of
+# chunks it exported, which the importer rebuilt and dropped (with the shim:
+# cached, idle, the importer still alive), gives GPU 0's memory back as
+# without the shim, within 64 MiB; and the importer let go on request, not
+# at its exit.
+vmm_ghost_suite() {
+    local gpus=0 gpu tag off on sdir rc_off rc_on a b ip f
+    local args=("${VMM_GHOST_CHUNKS:-8}" "${VMM_GHOST_CHUNK_MB:-256}")
+    if [ "$NGPU" -ge 2 ]; then gpus="0 1"; else echo "SKIP cross-device vmm_ghost (one GPU)"; fi
+    for gpu in $gpus; do
+        tag=vmm_ghost_0_$gpu rc_off=0 rc_on=0
+        off=$OUT_DIR/${tag}_off.txt on=$OUT_DIR/${tag}_on.txt sdir=$OUT_DIR/${tag}_stats
+        run_plain "$off" "$BUILD_DIR/vmm_ghost" "$gpu" "${args[@]}" || rc_off=$?
+        run_shim "$on" "$sdir" "$BUILD_DIR/vmm_ghost" "$gpu" "${args[@]}" || rc_on=$?
+        check "${tag}_no_shim_read" test "$(value read_ok "$off")" = 1 -a "$(value importer_exit "$off")" = 0
+        check "${tag}_no_shim_released" test "$(value released_ok "$off")" = 1
+        check "${tag}_shim_read" test "$(value read_ok "$on")" = 1 -a "$(value importer_exit "$on")" = 0
+        check "${tag}_shim_released" test "$(value released_ok "$on")" = 1
+        a=$(value given_back "$off") b=$(value given_back "$on")
+        echo "    bytes the release gave back: without shim ${a:-?}, with shim ${b:-?}"
+        check "${tag}_shim_gives_back_as_without" within "$a" "$b" $((64 << 20))
+        ip=$(value importer_pid "$on")
+        f=$(stats_of "$sdir" "${ip:-none}")
+        echo "    importer: releases_on_request $(stat_value releases_on_request "$f")," \
+            "ghost_bytes $(stat_value ghost_bytes "$f"), vmm_idle_bytes $(stat_value vmm_idle_bytes "$f")"
+        check "${tag}_shim_importer_let_go_on_request" python3 "$HERE/stats_check.py" "$f" \
+            "releases_on_request>0" "ghost_bytes==0" "errors==0"
+        if [ "$rc_off" != 0 ] || [ "$rc_on" != 0 ]; then
+            echo "    exit codes: without shim $rc_off, with shim $rc_on; stderr:"
+            head -n 20 "$off.err" "$on.err" | sed 's/^/    /'
+        fi
+    done
+}
+
 main() {
     build || { echo "test-gpu: $PASSED passed, $FAILED failed"; exit 1; }
     local rt
@@ -359,6 +400,7 @@ main() {
         echo "SKIP cross-device vmm_rebuild (one GPU)"
     fi
     ghost_suite
+    vmm_ghost_suite
     if torch_ready; then
         torch_suite
         torch_vmm_suite
