@@ -10,7 +10,8 @@
  *
  * Imports are sorted by identity (a kept dup's open file description, ordered
  * by the caller's comparator, kcmp in production; or a fabric handle's bytes)
- * and by handle value; binary search on both. refs counts the app's imports
+ * and by handle value; binary search on both, after one comparison with the
+ * import the same app fd number found last time (by_app_fd). refs counts the app's imports
  * not yet released. Reservations and their chunks: vmm_ranges.c.
  */
 #include <stdlib.h>
@@ -95,6 +96,7 @@ void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)(int))
         free(t->res[i]);
     }
     t->nimports = t->nres = 0;
+    memset(t->by_app_fd, 0, sizeof(t->by_app_fd));
     atomic_store(&t->gauges.idle_entries, 0);
     atomic_store(&t->gauges.idle_bytes, 0);
     atomic_store(&t->gauges.idle_reservations, 0);
@@ -211,6 +213,40 @@ static void remove_at(struct ipcc_vmm_import **arr, size_t n, size_t at)
     memmove(&arr[at], &arr[at + 1], (n - at - 1) * sizeof(*arr));
 }
 
+/* ---- the app fd number hint --------------------------------------------- */
+
+static int hintable(const struct ipcc_vmm_id *id)
+{
+    return !id->fabric && id->fd >= 0 && id->fd < IPCC_VMM_FD_HINTS;
+}
+
+/* The import id's fd number found last time, if it is still the same
+ * description (one comparison instead of a search); else NULL. */
+static struct ipcc_vmm_import *hinted(const struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id)
+{
+    if (!hintable(id))
+        return NULL;
+    struct ipcc_vmm_import *m = t->by_app_fd[id->fd];
+    return m && t->cmp(id->fd, m->id.fd) == 0 ? m : NULL;
+}
+
+static void unhint(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m)
+{
+    if (m->hint_fd >= 0 && t->by_app_fd[m->hint_fd] == m)
+        t->by_app_fd[m->hint_fd] = NULL;
+    m->hint_fd = -1;
+}
+
+static void hint(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
+                 struct ipcc_vmm_import *m)
+{
+    if (!hintable(id))
+        return;
+    unhint(t, m);
+    t->by_app_fd[id->fd] = m;
+    m->hint_fd = id->fd;
+}
+
 /* ---- imports: the calls ---------------------------------------------------- */
 
 /* 1: a cached import of id; a reference is taken and *handle set.
@@ -218,13 +254,17 @@ static void remove_at(struct ipcc_vmm_import **arr, size_t n, size_t at)
 int ipcc_vmm_import_find(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
                          uint64_t now_ns, uint64_t *handle)
 {
-    int found;
-    long i = find_id(t, id, &found);
-    if (i < 0)
-        return -1;
-    if (!found)
-        return 0;
-    struct ipcc_vmm_import *m = t->by_id[i];
+    struct ipcc_vmm_import *m = hinted(t, id);
+    if (!m) {
+        int found;
+        long i = find_id(t, id, &found);
+        if (i < 0)
+            return -1;
+        if (!found)
+            return 0;
+        m = t->by_id[i];
+        hint(t, id, m);
+    }
     m->refs++;
     m->last_ns = now_ns;
     ipcc_vmm_account(t, m);
@@ -260,6 +300,7 @@ int ipcc_vmm_import_insert(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *i
         return -1;
     m->id = *id;
     m->handle = handle;
+    m->hint_fd = -1;
     m->refs = 1;
     m->last_ns = now_ns;
     insert_at(t->by_id, t->nimports, (size_t)i, m);
@@ -297,6 +338,7 @@ void ipcc_vmm_drop_import(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m,
         }
     }
     t->nimports--;
+    unhint(t, m);
     m->refs = 0;
     m->live_pins = 1; /* leaves the gauges */
     ipcc_vmm_account(t, m);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "vmm_table.h"
 
 #define G (2ULL << 20)
 
@@ -93,7 +94,8 @@ Test(vmm_table, recycled_fd_number_is_a_miss, .timeout = 10)
     ipcc_vmm_table_destroy(t, NULL);
 }
 
-/* Lookups among many imports take logarithmically many comparisons. */
+/* Lookups among many imports take logarithmically many comparisons (plus
+ * one with what fd 10 found last time). */
 Test(vmm_table, lookup_is_a_binary_search, .timeout = 10)
 {
     struct ipcc_vmm_table *t = table();
@@ -104,8 +106,38 @@ Test(vmm_table, lookup_is_a_binary_search, .timeout = 10)
         compares = 0;
         cr_assert_eq(find(t, 10, (i * 7919) % 1000 + 1, &h), 1);
         cr_assert_eq(h, 0x1000 + (uint64_t)i);
-        cr_assert_leq(compares, 11, "%d comparisons", compares);
+        cr_assert_leq(compares, 12, "%d comparisons", compares);
     }
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* The app fd number that found an import finds it again with one
+ * comparison while it names that description; renumbered, recycled or
+ * dropped, the search decides. */
+Test(vmm_table, repeated_fd_number_takes_one_comparison, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    for (int i = 0; i < 64; i++)
+        add(t, 1000 + i, 500 + i, 0x1000 + (uint64_t)i);
+    uint64_t h = 0;
+    cr_assert_eq(find(t, 9, 530, &h), 1);
+    compares = 0;
+    cr_assert_eq(find(t, 9, 530, &h), 1);
+    cr_assert_eq(h, 0x1000 + 30);
+    cr_assert_eq(compares, 1);
+    cr_assert_eq(find(t, 9, 531, &h), 1, "fd 9 now names another description");
+    cr_assert_eq(h, 0x1000 + 31);
+    cr_assert_eq(find(t, 9, 9999, &h), 0, "a recycled number naming an unknown one");
+    compares = 0;
+    cr_assert_eq(find(t, 11, 531, &h), 1);
+    cr_assert_gt(compares, 1, "a new number searches");
+    for (int k = 0; k < 3; k++) /* the insert's reference and two finds */
+        cr_assert_eq(ipcc_vmm_release(t, 0x1000 + 31, 3), IPCC_RELEASE_OK);
+    struct ipcc_vmm_ops ops = { 0 };
+    ipcc_vmm_drop_import(t, ipcc_vmm_import_of(t, 0x1000 + 31), &ops);
+    cr_assert_null(t->by_app_fd[11], "no hint left to freed memory");
+    cr_assert_eq(find(t, 11, 531, &h), 0, "a dropped import is no longer hinted");
+    free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 

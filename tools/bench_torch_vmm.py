@@ -8,12 +8,16 @@ spawns fresh consumers, A1 without the shim, B with it (LD_PRELOAD=--shim),
 A2 without, one per --consumer-devices entry, so the three phases run inside
 one run on the same producer memory.
 
-  feature  the producer owns a --pool-mb uint8 pool (its own segment) and per
-           iteration fills a 1 MiB slice (rotating) with a new value and sends
-           the slice pickled as torch.multiprocessing does (reduce_tensor);
-           the consumer times rebuild (unpickle) + use (copy into its own
-           buffer, synchronize) + release (drop: the close or unmap), checks
-           the value and acks. Per feature: median of the three together.
+  feature  the producer owns a --pool-mb uint8 pool (its own segment) and sends
+           1 MiB slices of it (rotating) pickled as torch.multiprocessing does
+           (reduce_tensor); the consumer times rebuild (unpickle) + use (copy
+           into its own buffer, synchronize) + release (drop: the close or
+           unmap), checks the value and acks. Per feature: median of the three
+           together. Two passes: "busy", the producer fills each slice with a
+           new value on GPU 0 just before sending it (a consumer on GPU 0 then
+           waits for the GPU to switch from the producer's context to its own),
+           and "idle", the pool is filled once before the pass and the producer
+           sends without touching the GPU (the consumer's own cost alone).
   rl       the trainer holds a model's parameters (--layers decoder layers of
            6 tensors + embedding + final norm, bf16, allocated on a side stream
            so that they have their own segment) and each step marks them, then
@@ -82,7 +86,10 @@ def consumer_main(conn, device):
     torch.cuda.set_device(device)
     out = torch.empty(FEATURE_BYTES, dtype=torch.uint8, device=device)
     weights = None
-    times, bad = {"rebuild": [], "use": [], "release": [], "feature": [], "step": []}, 0
+    times, bad = {"step": []}, 0
+    for prefix in ("", "idle_"):
+        for part in ("rebuild", "use", "release", "feature"):
+            times[prefix + part] = []
     torch.cuda.synchronize()
     conn.send("ready")
     while True:
@@ -97,7 +104,8 @@ def consumer_main(conn, device):
         t0 = time.perf_counter()
         shared = pickle.loads(payload)
         t1 = time.perf_counter()
-        if kind == "feature":
+        feature = kind in ("feature", "feature_idle")
+        if feature:
             out.copy_(shared)
         else:
             for w, s in zip(weights, shared):
@@ -106,13 +114,14 @@ def consumer_main(conn, device):
         t2 = time.perf_counter()
         del shared
         t3 = time.perf_counter()
-        first = out[0] if kind == "feature" else weights[0][0, 0]
+        first = out[0] if feature else weights[0][0, 0]
         bad += int(first.item()) != value
-        if timed and kind == "feature":
-            times["rebuild"].append(t1 - t0)
-            times["use"].append(t2 - t1)
-            times["release"].append(t3 - t2)
-            times["feature"].append(t3 - t0)
+        if timed and feature:
+            prefix = "idle_" if kind == "feature_idle" else ""
+            times[prefix + "rebuild"].append(t1 - t0)
+            times[prefix + "use"].append(t2 - t1)
+            times[prefix + "release"].append(t3 - t2)
+            times[prefix + "feature"].append(t3 - t0)
         elif timed:
             times["step"].append(t3 - t0)
         conn.send("ack")
@@ -128,18 +137,30 @@ def request(conn, msg, timeout):
     return conn.recv()
 
 
-def run_features(torch, pool, conn, a):
-    """Slices of the pool, one at a time, each acked before the next."""
+def slice_value(k):
+    return k % 251 + 1
+
+
+def run_features(torch, pool, conn, a, busy):
+    """Slices of the pool, one at a time, each acked before the next; busy:
+    each filled with a new value just before it is sent, else the whole pool
+    filled once first."""
     from multiprocessing.reduction import ForkingPickler
 
     nslices = pool.numel() // FEATURE_BYTES
-    for i in range(a.warmup + a.features):
-        value = i % 251 + 1
-        start = (i * 7 % nslices) * FEATURE_BYTES
-        piece = pool[start:start + FEATURE_BYTES]
-        piece.fill_(value)
+    if not busy:
+        values = (torch.arange(nslices, device=pool.device) % 251 + 1).to(torch.uint8)
+        pool.view(nslices, FEATURE_BYTES).copy_(values[:, None].expand(nslices, FEATURE_BYTES))
         torch.cuda.synchronize()
-        request(conn, ("feature", value, bytes(ForkingPickler.dumps(piece)), i >= a.warmup), a.timeout)
+    for i in range(a.warmup + a.features):
+        k = i * 7 % nslices
+        value = slice_value(i) if busy else slice_value(k)
+        piece = pool[k * FEATURE_BYTES:(k + 1) * FEATURE_BYTES]
+        if busy:
+            piece.fill_(value)
+            torch.cuda.synchronize()
+        request(conn, ("feature" if busy else "feature_idle", value,
+                       bytes(ForkingPickler.dumps(piece)), i >= a.warmup), a.timeout)
 
 
 def run_rl(torch, params, conn, a):
@@ -198,7 +219,8 @@ def run_phase(torch, a, pool, params, consumer, label, shim, device):
     """Serves one spawned consumer its features and steps; its figures."""
     proc, conn = consumer
     row = {"phase": label, "cache": "on" if shim else "off", "consumer_device": device}
-    run_features(torch, pool, conn, a)
+    run_features(torch, pool, conn, a, busy=True)
+    run_features(torch, pool, conn, a, busy=False)
     if params is not None:
         steps, wall = run_rl(torch, params, conn, a)
         row.update(step_ms_p50=round(statistics.median(steps) * 1e3, 2),
@@ -210,6 +232,11 @@ def run_phase(torch, a, pool, params, consumer, label, shim, device):
     row.update(feature_us_p50=median_us(t["feature"]), feature_us_p99=p99_us(t["feature"]),
                rebuild_us_p50=median_us(t["rebuild"]), use_us_p50=median_us(t["use"]),
                release_us_p50=median_us(t["release"]), features=len(t["feature"]),
+               idle_feature_us_p50=median_us(t["idle_feature"]),
+               idle_feature_us_p99=p99_us(t["idle_feature"]),
+               idle_rebuild_us_p50=median_us(t["idle_rebuild"]),
+               idle_use_us_p50=median_us(t["idle_use"]),
+               idle_release_us_p50=median_us(t["idle_release"]),
                values_ok=report["bad"] == 0, exitcode=proc.exitcode)
     if shim:
         row["stats"] = read_stats(a, tag_of(a, label, device), report["pid"])
@@ -256,10 +283,10 @@ def main(argv=None):
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
     for r in rows:
-        print("alloc=%s phase=%s cache=%s device=%d feature_us=%s rebuild_us=%s release_us=%s"
-              " step_ms=%s steps_per_s=%s values_ok=%d"
+        print("alloc=%s phase=%s cache=%s device=%d feature_us=%s idle_feature_us=%s rebuild_us=%s"
+              " release_us=%s step_ms=%s steps_per_s=%s values_ok=%d"
               % (a.alloc, r["phase"], r["cache"], r["consumer_device"], r["feature_us_p50"],
-                 r["rebuild_us_p50"], r["release_us_p50"], r.get("step_ms_p50"),
+                 r["idle_feature_us_p50"], r["rebuild_us_p50"], r["release_us_p50"], r.get("step_ms_p50"),
                  r.get("steps_per_s"), r["values_ok"]))
     return 0 if all(r["values_ok"] and r["exitcode"] == 0 for r in rows) else 1
 

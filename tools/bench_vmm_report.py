@@ -156,24 +156,44 @@ def torch_devices(res):
     return sorted({r["consumer_device"] for v in res.values() for r in v["rows"]})
 
 
+FEATURE_PASSES = [
+    ("idle_", "the producer idle (pool filled once before the pass; the issue's setting)"),
+    ("", "the producer busy (it fills each slice on GPU 0 just before sending it)"),
+]
+
+
 def feature_markdown(res, verdicts):
-    md = ["", "PyTorch, rebuild + use + release of a 1 MiB slice of a 512 MiB pool, median per feature "
-          "(producer on GPU 0; B's rebuild / use / release beside):", "",
+    md = []
+    for prefix, what in FEATURE_PASSES:
+        md += feature_table(res, verdicts, prefix, what)
+    return md
+
+
+def feature_table(res, verdicts, prefix, what):
+    key = prefix + "feature_us_p50"
+    md = ["", "PyTorch, rebuild + use + release of a 1 MiB slice of a 512 MiB pool, median per feature, "
+          "%s; producer on GPU 0; B's rebuild / use / release beside:" % what, "",
           "| allocator | consumer | A1 no cache | B cache | A2 no cache | no cache / cache | B: rebuild / use / release |",
           "| --- | --- | --- | --- | --- | --- | --- |"]
     for alloc in ("legacy", "expandable"):
         for dev in torch_devices(res):
             rows = [torch_row(res, alloc, p, dev) for p in PASSES]
-            if not all(rows):
+            if not all(rows) or key not in rows[0]:
                 continue
-            b, off = rows[1], mean_off(res, alloc, dev, "feature_us_p50")
+            b, off = rows[1], mean_off(res, alloc, dev, key)
             md.append("| %s | GPU %d | %s | %s | %s | %.1fx | %s / %s / %s |" % (
-                alloc, dev, *(us(r["feature_us_p50"]) for r in rows), off / b["feature_us_p50"],
-                us(b["rebuild_us_p50"]), us(b["use_us_p50"]), us(b["release_us_p50"])))
+                alloc, dev, *(us(r[key]) for r in rows), off / b[key],
+                us(b[prefix + "rebuild_us_p50"]), us(b[prefix + "use_us_p50"]),
+                us(b[prefix + "release_us_p50"])))
             if alloc == "expandable":
-                verdicts.append(("expandable segments with the cache <= %d µs per feature, consumer on GPU %d"
-                                 % (FEATURE_TARGET_US, dev), "%s" % us(b["feature_us_p50"]),
-                                 b["feature_us_p50"] <= FEATURE_TARGET_US))
+                verdicts.append(("expandable segments with the cache <= %d µs per feature, consumer on GPU %d, "
+                                 "producer %s" % (FEATURE_TARGET_US, dev, "idle" if prefix else "busy"),
+                                 "%s" % us(b[key]), b[key] <= FEATURE_TARGET_US))
+    for dev in torch_devices(res):
+        leg, exp = torch_row(res, "legacy", "B", dev), torch_row(res, "expandable", "B", dev)
+        if leg and exp and key in leg and key in exp:
+            md.append("")
+            md.append("Consumer on GPU %d: expandable + cache / legacy + cache = %.2fx." % (dev, exp[key] / leg[key]))
     return md
 
 
