@@ -36,7 +36,7 @@ SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c
            shim/stats.c shim/tables.c \
            shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
            shim/vmm_ranges.c shim/vmm_exporter.c shim/vmm_ghost.c \
-           shim/fmt.c shim/marker.c shim/userdir.c \
+           shim/fmt.c shim/keyset.c shim/marker.c shim/userdir.c \
            $(LEDGER_SRC) shim/exporter.c shim/release_helper.c
 # The release ledger alone (unit-tested without CUDA).
 LEDGER_SRC = shim/ledger.c shim/ledger_request.c
@@ -54,7 +54,8 @@ FLOOR    = -include shim/glibc_floor.h
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
 FAKE       = $(BUILD)/tests/libcuda.so.1
-UNIT_SRC   = tests/test_cache.c tests/test_config.c tests/test_vmm_table.c tests/test_ledger.c
+UNIT_SRC   = tests/test_cache.c tests/test_config.c tests/test_vmm_table.c tests/test_ledger.c \
+             tests/test_keyset.c
 E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c tests/test_ghost.c, \
                           $(wildcard tests/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
@@ -113,10 +114,12 @@ $(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 # preload. calloc is wrapped so that a test can make the table's allocations fail.
 VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c
 $(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c shim/userdir.c \
+                          shim/keyset.c \
                           $(VMM_TABLE) $(LEDGER_SRC) shim/internal.h shim/vmm_table.h shim/ledger.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c shim/fmt.c shim/userdir.c $(VMM_TABLE) $(LEDGER_SRC) -Wl,--wrap=calloc $(TEST_LIBS)
+	    shim/log.c shim/fmt.c shim/userdir.c shim/keyset.c $(VMM_TABLE) $(LEDGER_SRC) \
+	    -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c

@@ -55,6 +55,19 @@ struct ipcc_victim {
 
 struct ipcc_cache;
 
+/* keyset.c: a small set of 64-byte keys (see there). */
+#define IPCC_KEYSET_MAX 64
+struct ipcc_keyset {
+    unsigned char key[IPCC_KEYSET_MAX][IPCC_HANDLE_BYTES];
+    _Atomic size_t n;
+};
+IPCC_HIDDEN int ipcc_keyset_add(struct ipcc_keyset *s, const void *key);
+IPCC_HIDDEN int ipcc_keyset_remove(struct ipcc_keyset *s, const void *key);
+IPCC_HIDDEN size_t ipcc_keyset_count(struct ipcc_keyset *s);
+IPCC_HIDDEN size_t ipcc_keyset_copy(struct ipcc_keyset *s,
+                                    unsigned char (*out)[IPCC_HANDLE_BYTES]);
+IPCC_HIDDEN void ipcc_keyset_reset(struct ipcc_keyset *s);
+
 IPCC_HIDDEN struct ipcc_cache *ipcc_cache_create(void);
 IPCC_HIDDEN void ipcc_cache_destroy(struct ipcc_cache *c);
 IPCC_HIDDEN void ipcc_cache_clear(struct ipcc_cache *c);

@@ -31,7 +31,6 @@ static int seen_oom;
 #define BATCH 32
 #define MAX_EXPORTERS 64
 #define MAX_SEEN 8192        /* handles whose exporter we remember */
-#define MAX_DOOMED 64
 #define CHECK_EVERY_NS (1000ULL * 1000 * 1000)
 
 /* A handle we mapped, and the exporter it came from. Under the table lock. */
@@ -44,8 +43,7 @@ struct seen {
 static struct seen *seen;
 static struct { struct ipcc_proc who; size_t handles; } exporters[MAX_EXPORTERS];
 /* Handles freed by their exporter while the program still used them. */
-static unsigned char doomed[MAX_DOOMED][IPCC_HANDLE_BYTES];
-static _Atomic size_t doomed_count;
+static struct ipcc_keyset doomed;
 static _Atomic uint64_t ghost;
 /* -1: not registered; -2: registration failed (no ledger, no slot). */
 static _Atomic int slot = -1;
@@ -75,34 +73,6 @@ static uint64_t close_idle_of(const unsigned char *handle)
     return live;
 }
 
-/* Lock held. */
-static void doom(const unsigned char *handle)
-{
-    size_t n = atomic_load(&doomed_count);
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(doomed[i], handle, IPCC_HANDLE_BYTES) == 0)
-            return;
-    if (n == MAX_DOOMED) {
-        ipcc_log(IPCC_LOG_DEBUG, "too many freed allocations still in use; one will stay mapped");
-        return;
-    }
-    memcpy(doomed[n], handle, IPCC_HANDLE_BYTES);
-    atomic_store(&doomed_count, n + 1);
-}
-
-/* Lock held. */
-static void undoom(const unsigned char *handle)
-{
-    size_t n = atomic_load(&doomed_count);
-    for (size_t i = 0; i < n; i++) {
-        if (memcmp(doomed[i], handle, IPCC_HANDLE_BYTES) == 0) {
-            memcpy(doomed[i], doomed[n - 1], IPCC_HANDLE_BYTES);
-            atomic_store(&doomed_count, n - 1);
-            return;
-        }
-    }
-}
-
 /* Lock held: forgets which exporter handle came from. */
 static void forget_seen(struct seen *s)
 {
@@ -123,7 +93,8 @@ static void let_go(const unsigned char *handle)
     if (s)
         forget_seen(s);
     if (live) {
-        doom(handle);
+        if (ipcc_keyset_add(&doomed, handle) < 0)
+            ipcc_log(IPCC_LOG_DEBUG, "too many freed allocations still in use; one will stay mapped");
         atomic_fetch_add(&ghost, live);
     }
     ipcc_unlock();
@@ -133,12 +104,11 @@ static void let_go(const unsigned char *handle)
  * freed while in use here; then its last close really closes it. */
 void ipcc_ghost_after_close(void)
 {
-    if (atomic_load_explicit(&doomed_count, memory_order_relaxed) == 0 || !ipcc_table())
+    if (ipcc_keyset_count(&doomed) == 0 || !ipcc_table())
         return;
-    unsigned char copy[MAX_DOOMED][IPCC_HANDLE_BYTES];
+    unsigned char copy[IPCC_KEYSET_MAX][IPCC_HANDLE_BYTES];
     ipcc_lock();
-    size_t n = atomic_load(&doomed_count);
-    memcpy(copy, doomed, n * IPCC_HANDLE_BYTES);
+    size_t n = ipcc_keyset_copy(&doomed, copy);
     ipcc_unlock();
     uint64_t still = 0;
     for (size_t i = 0; i < n; i++) {
@@ -146,7 +116,7 @@ void ipcc_ghost_after_close(void)
         still += live;
         if (!live) {
             ipcc_lock();
-            undoom(copy[i]);
+            ipcc_keyset_remove(&doomed, copy[i]);
             ipcc_unlock();
         }
     }
@@ -273,7 +243,7 @@ static void reset_in_child(void)
         free(s);
     }
     memset(exporters, 0, sizeof(exporters));
-    atomic_store(&doomed_count, 0);
+    ipcc_keyset_reset(&doomed);
     atomic_store(&ghost, 0);
     atomic_store(&slot, -1);
 }

@@ -34,12 +34,9 @@
 
 #include "internal.h"
 
-#define MAX_DOOMED 64
-
 /* Tags released by their exporter while the app still used an import of
- * them. Under the table lock; the count is read without it. */
-static unsigned char doomed[MAX_DOOMED][IPCC_HANDLE_BYTES];
-static _Atomic size_t doomed_count;
+ * them. */
+static struct ipcc_keyset doomed;
 static _Atomic uint64_t ghost;
 
 /* The export this thread's next import most likely is: the next fd number
@@ -55,7 +52,7 @@ uint64_t ipcc_vmm_ghost_bytes(void)
 static void reset_in_child(void)
 {
     next_guess.pid = 0;
-    atomic_store(&doomed_count, 0);
+    ipcc_keyset_reset(&doomed);
     atomic_store(&ghost, 0);
 }
 
@@ -118,29 +115,6 @@ void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t handle, int f
 
 /* ---- letting go --------------------------------------------------------------- */
 
-/* Lock held. */
-static void doom(const unsigned char *tag)
-{
-    size_t n = atomic_load(&doomed_count);
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(doomed[i], tag, IPCC_HANDLE_BYTES) == 0)
-            return;
-    if (n == MAX_DOOMED) {
-        ipcc_log(IPCC_LOG_DEBUG, "too many released VMM exports still in use; one stays kept");
-        return;
-    }
-    memcpy(doomed[n], tag, IPCC_HANDLE_BYTES);
-    atomic_store(&doomed_count, n + 1);
-}
-
-/* Lock held. */
-static void undoom(size_t i)
-{
-    size_t n = atomic_load(&doomed_count);
-    memcpy(doomed[i], doomed[n - 1], IPCC_HANDLE_BYTES);
-    atomic_store(&doomed_count, n - 1);
-}
-
 /* Really releases what the table holds idle of tag; the bytes still in use
  * (*live set when an import is). */
 static uint64_t release_idle_of(struct ipcc_vmm_table *t, const void *tag, size_t *live)
@@ -150,8 +124,8 @@ static uint64_t release_idle_of(struct ipcc_vmm_table *t, const void *tag, size_
     *live = 0;
     ipcc_lock();
     size_t n = ipcc_vmm_take_idle_by_tag(t, tag, &ops, live, &live_bytes);
-    if (*live)
-        doom(tag);
+    if (*live && ipcc_keyset_add(&doomed, tag) < 0)
+        ipcc_log(IPCC_LOG_DEBUG, "too many released VMM exports still in use; one stays kept");
     ipcc_unlock();
     ipcc_vmm_run_ops(&ops, 0);
     IPCC_ADD(releases_on_request, n);
@@ -177,29 +151,21 @@ void ipcc_vmm_ghost_let_go(const void *tag)
 void ipcc_vmm_ghost_after_release(void)
 {
     struct ipcc_vmm_table *t = ipcc_vmm_table();
-    if (atomic_load_explicit(&doomed_count, memory_order_relaxed) == 0 || !t)
+    if (ipcc_keyset_count(&doomed) == 0 || !t)
         return;
-    unsigned char tag[IPCC_HANDLE_BYTES];
+    unsigned char copy[IPCC_KEYSET_MAX][IPCC_HANDLE_BYTES];
+    ipcc_lock();
+    size_t n = ipcc_keyset_copy(&doomed, copy);
+    ipcc_unlock();
     uint64_t still = 0;
-    size_t i = 0;
-    for (;;) {
-        ipcc_lock();
-        int more = i < atomic_load(&doomed_count);
-        if (more)
-            memcpy(tag, doomed[i], IPCC_HANDLE_BYTES);
-        ipcc_unlock();
-        if (!more)
-            break;
+    for (size_t i = 0; i < n; i++) {
         size_t live;
-        uint64_t bytes = release_idle_of(t, tag, &live);
-        ipcc_lock();
-        if (!live && i < atomic_load(&doomed_count) &&
-            memcmp(doomed[i], tag, IPCC_HANDLE_BYTES) == 0)
-            undoom(i); /* the last one moved here: look at i again */
-        else
-            i++;
-        ipcc_unlock();
-        still += bytes;
+        still += release_idle_of(t, copy[i], &live);
+        if (!live) {
+            ipcc_lock();
+            ipcc_keyset_remove(&doomed, copy[i]);
+            ipcc_unlock();
+        }
     }
     atomic_store(&ghost, still);
 }
