@@ -196,6 +196,27 @@ static void release_all(struct ipcc_vmm_table *t)
     cr_assert_eq(ops.n, 0);
 }
 
+/* An evicted import stays "released" until its real release is done: the
+ * app's release past zero, or map, in that window must not reach the driver,
+ * which still knows the handle (fuzz seed 258, another thread evicting). */
+Test(vmm_table, evicted_import_is_released_until_really_released, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 1, 0xa1);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 5), IPCC_RELEASE_OK);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_evict_one(t, &ops), 1);
+    cr_assert_eq(ops.n, 1);
+    cr_assert_eq(ops.v[0].op, IPCC_VMM_RELEASE);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 6), IPCC_RELEASE_PAST_ZERO);
+    cr_assert_eq(ipcc_vmm_import_released(t, 0xa1), 1);
+    ipcc_vmm_release_done(t, 0xa1);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 7), IPCC_RELEASE_NOT_FOUND);
+    cr_assert_eq(ipcc_vmm_import_released(t, 0xa1), 0);
+    free(ops.v);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
 /* Released and freed, the segment is idle; its imports count as idle bytes. */
 Test(vmm_table, release_leaves_the_segment_idle, .timeout = 10)
 {
