@@ -201,7 +201,6 @@ IPCC_HIDDEN enum ipcc_vmm_verdict ipcc_vmm_give_way(struct ipcc_vmm_table *t, ui
 IPCC_HIDDEN enum ipcc_vmm_verdict ipcc_vmm_free(struct ipcc_vmm_table *t, uint64_t addr,
                                                 uint64_t size, uint64_t now_ns,
                                                 struct ipcc_vmm_ops *ops);
-IPCC_HIDDEN void ipcc_vmm_free_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size);
 IPCC_HIDDEN void ipcc_vmm_clear_range(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
                                       struct ipcc_vmm_ops *ops);
 IPCC_HIDDEN int ipcc_vmm_oldest_idle(const struct ipcc_vmm_table *t, uint64_t *ns);

@@ -288,7 +288,8 @@ typedef enum ipcc_vmm_verdict (*range_ask_fn)(struct ipcc_vmm_table *, uint64_t,
 typedef void (*range_done_fn)(struct ipcc_vmm_table *, uint64_t, uint64_t);
 
 /* Unmap and address free: ask the table, else call the driver and tell the
- * table what the driver did. Something the table kept may have gone idle. */
+ * table what the driver did (done, if any). Something the table kept may
+ * have gone idle. */
 static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, range_done_fn done)
 {
     range_fn real = (range_fn)ipcc_real(slot);
@@ -310,7 +311,7 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
         return counted(rc);
     }
     rc = real(ptr, size);
-    if (rc == CUDA_SUCCESS) {
+    if (rc == CUDA_SUCCESS && done) {
         ipcc_lock();
         done(t, ptr, size);
         ipcc_unlock();
@@ -322,7 +323,7 @@ int ipcc_vmm_free_call(uint64_t ptr, size_t size)
 {
     if (ptr == recent.res_addr)
         recent.res_size = 0; /* gone: never tracked after the fact */
-    return range_call(IPCC_SLOT_VMM_FREE, ptr, size, ipcc_vmm_free, ipcc_vmm_free_done);
+    return range_call(IPCC_SLOT_VMM_FREE, ptr, size, ipcc_vmm_free, NULL); /* forgot it before */
 }
 
 int ipcc_vmm_unmap_call(uint64_t ptr, size_t size)

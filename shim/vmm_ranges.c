@@ -502,33 +502,32 @@ static void res_evict(struct ipcc_vmm_table *t, size_t index, int release_import
 /*
  * The app frees [addr, addr+size). DONE_OK: exactly a tracked reservation
  * with no mapping the app still sees, but kept chunks: it becomes idle.
- * INVALID: freed already. PASS: the driver answers; on success
- * ipcc_vmm_free_done.
+ * INVALID: freed already. PASS: the driver answers. Exactly a tracked
+ * reservation with nothing in it is forgotten now: once the driver has freed
+ * it, another thread may reserve the same addresses before we could look
+ * again (if the driver refuses, the range just goes uncached).
  */
 enum ipcc_vmm_verdict ipcc_vmm_free(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
                                     uint64_t now_ns, struct ipcc_vmm_ops *ops)
 {
     (void)ops; /* the shape of every range call; a free never needs one */
     enum ipcc_vmm_verdict v;
+    size_t index;
     struct ipcc_vmm_range *r = live_res(t, addr, &v);
     if (!r)
         return v;
-    if (r->addr != addr || r->size != size || r->n == 0)
+    if (r->addr != addr || r->size != size)
         return IPCC_VMM_PASS;
+    if (r->n == 0 && res_at(t, addr, &index) == r) {
+        res_remove(t, index);
+        return IPCC_VMM_PASS;
+    }
     for (size_t i = 0; i < r->n; i++)
         if (r->chunks[i].adopted)
             return IPCC_VMM_PASS;
     set_idle(t, r, 1);
     r->last_ns = now_ns;
     return IPCC_VMM_DONE;
-}
-
-void ipcc_vmm_free_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size)
-{
-    size_t i;
-    struct ipcc_vmm_range *r = res_at(t, addr, &i);
-    if (r && r->addr == addr && r->size == size)
-        res_remove(t, i);
 }
 
 /* Idle reservations overlapping [addr, addr+size) (an address hint the
