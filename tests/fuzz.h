@@ -44,7 +44,7 @@ struct fuzz_vmm {
     struct { CUdeviceptr p; unsigned chunks; int live; } res[VMM_RES];
     struct { int res, held_uid, name; unsigned at, chunks; } map[VMM_MAPS];
     int nmap;
-    CUdeviceptr last_freed; /* a hint only: the range may be anyone's now */
+    CUdeviceptr last_freed; /* freed since this thread's last reserve; a hint only */
     uint64_t serials[VMM_NAMES];
     unsigned name_chunks[VMM_NAMES];
     int nnames;

@@ -412,6 +412,9 @@ static int reserve(struct thread *t, struct fuzz_vmm *v, unsigned chunks, size_t
     if (rc != CUDA_SUCCESS)
         return -1;
     v->res[k].p = p, v->res[k].chunks = chunks, v->res[k].live = 1;
+    /* The freed range may be in this one now, or not: the cache's kept
+     * ranges move the driver's placement. Hinted at only while free. */
+    v->last_freed = 0;
     return k;
 }
 
@@ -457,12 +460,21 @@ static CUresult free_res(struct thread *t, struct fuzz_vmm *v, int k, int wrong_
     return rc;
 }
 
+/* Frees reservation k; then, if again, reserves there at once: the driver
+ * places a hint that is free, so a range the cache kept must give way. */
+static void free_then_hint(struct thread *t, struct fuzz_vmm *v, int k, int wrong_size, int again)
+{
+    unsigned chunks = v->res[k].chunks;
+    if (free_res(t, v, k, wrong_size) == CUDA_SUCCESS && again)
+        reserve(t, v, chunks, 0, v->last_freed, " hint=freed");
+}
+
 static void do_free(struct thread *t, struct fuzz_vmm *v, uint64_t r)
 {
     int k = live_res(t, v, r);
     if (k < 0)
         return;
-    free_res(t, v, k, (r >> 8) % 5 == 0);
+    free_then_hint(t, v, k, (r >> 8) % 5 == 0, (r >> 12) % 3 == 0);
 }
 
 /* ---- mappings ---------------------------------------------------------------- */
@@ -713,7 +725,7 @@ static void do_drop(struct thread *t, struct fuzz_vmm *v, uint64_t r)
             release_held(t, v, i);
         m = 0;
     }
-    free_res(t, v, k, 0);
+    free_then_hint(t, v, k, 0, (r >> 8) % 3 == 0);
 }
 
 void vmm_drain(struct thread *t, struct fuzz_vmm *v)
