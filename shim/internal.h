@@ -180,6 +180,8 @@ IPCC_HIDDEN int ipcc_vmm_import_insert(struct ipcc_vmm_table *t, const struct ip
                                        uint64_t handle, uint64_t now_ns, uint64_t *cached);
 IPCC_HIDDEN enum ipcc_release_result ipcc_vmm_release(struct ipcc_vmm_table *t, uint64_t handle,
                                                       uint64_t now_ns);
+IPCC_HIDDEN int ipcc_vmm_import_released(const struct ipcc_vmm_table *t, uint64_t handle);
+IPCC_HIDDEN void ipcc_vmm_release_done(struct ipcc_vmm_table *t, uint64_t handle);
 IPCC_HIDDEN int ipcc_vmm_reserve_track(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size);
 IPCC_HIDDEN int ipcc_vmm_reserve_reuse(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
                                        const uint64_t *handles, size_t n, uint64_t now_ns,
@@ -205,12 +207,13 @@ IPCC_HIDDEN enum ipcc_vmm_verdict ipcc_vmm_set_access(struct ipcc_vmm_table *t, 
                                                       size_t n, struct ipcc_vmm_ops *ops);
 IPCC_HIDDEN void ipcc_vmm_set_access_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
                                           const struct ipcc_vmm_access *acc, size_t n);
+IPCC_HIDDEN int ipcc_vmm_access_seen(const struct ipcc_vmm_table *t, uint64_t addr, int dev,
+                                     unsigned long long *flags);
 IPCC_HIDDEN enum ipcc_vmm_verdict ipcc_vmm_give_way(struct ipcc_vmm_table *t, uint64_t addr,
                                                     uint64_t size, struct ipcc_vmm_ops *ops);
 IPCC_HIDDEN enum ipcc_vmm_verdict ipcc_vmm_free(struct ipcc_vmm_table *t, uint64_t addr,
                                                 uint64_t size, uint64_t now_ns,
                                                 struct ipcc_vmm_ops *ops);
-IPCC_HIDDEN void ipcc_vmm_free_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size);
 IPCC_HIDDEN void ipcc_vmm_clear_range(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
                                       struct ipcc_vmm_ops *ops);
 IPCC_HIDDEN int ipcc_vmm_oldest_idle(const struct ipcc_vmm_table *t, uint64_t *ns);

@@ -288,7 +288,8 @@ typedef enum ipcc_vmm_verdict (*range_ask_fn)(struct ipcc_vmm_table *, uint64_t,
 typedef void (*range_done_fn)(struct ipcc_vmm_table *, uint64_t, uint64_t);
 
 /* Unmap and address free: ask the table, else call the driver and tell the
- * table what the driver did. Something the table kept may have gone idle. */
+ * table what the driver did (done, if any). Something the table kept may
+ * have gone idle. */
 static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, range_done_fn done)
 {
     range_fn real = (range_fn)ipcc_real(slot);
@@ -310,7 +311,7 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
         return counted(rc);
     }
     rc = real(ptr, size);
-    if (rc == CUDA_SUCCESS) {
+    if (rc == CUDA_SUCCESS && done) {
         ipcc_lock();
         done(t, ptr, size);
         ipcc_unlock();
@@ -322,7 +323,7 @@ int ipcc_vmm_free_call(uint64_t ptr, size_t size)
 {
     if (ptr == recent.res_addr)
         recent.res_size = 0; /* gone: never tracked after the fact */
-    return range_call(IPCC_SLOT_VMM_FREE, ptr, size, ipcc_vmm_free, ipcc_vmm_free_done);
+    return range_call(IPCC_SLOT_VMM_FREE, ptr, size, ipcc_vmm_free, NULL); /* forgot it before */
 }
 
 int ipcc_vmm_unmap_call(uint64_t ptr, size_t size)
@@ -343,7 +344,10 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
     struct ipcc_vmm_ops ops = { 0 };
     CUresult rc;
     ipcc_lock();
-    enum ipcc_vmm_verdict v = offset || flags
+    /* A handle the app released: the driver's answer to one it took back,
+     * though we still hold the import (idle, or kept mapped elsewhere). */
+    enum ipcc_vmm_verdict v = ipcc_vmm_import_released(t, handle) ? IPCC_VMM_INVALID
+                              : offset || flags
                                   ? ipcc_vmm_give_way(t, ptr, size, &ops)
                                   : ipcc_vmm_map(t, ptr, size, handle, ipcc_now_ns(), &ops);
     if (v == IPCC_VMM_DONE)
@@ -406,9 +410,9 @@ int ipcc_vmm_set_access_call(uint64_t ptr, size_t size, const void *desc_v, size
         return counted(rc);
     }
     rc = real(ptr, size, desc, count);
-    if (rc == CUDA_SUCCESS && n > 0) {
+    if (rc == CUDA_SUCCESS) {
         ipcc_lock();
-        ipcc_vmm_set_access_done(t, ptr, size, acc, (size_t)n);
+        ipcc_vmm_set_access_done(t, ptr, size, n > 0 ? acc : NULL, n > 0 ? (size_t)n : 0);
         ipcc_unlock();
     }
     return counted(rc);
@@ -431,5 +435,13 @@ int ipcc_vmm_get_access_call(unsigned long long *flags, const void *location, ui
         *flags = 0; /* as the driver leaves it on this error */
         return counted(rc);
     }
-    return counted(real(flags, location, ptr));
+    rc = real(flags, location, ptr); /* the driver checks the arguments */
+    const CUmemLocation *loc = location;
+    if (rc == CUDA_SUCCESS && loc->type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        /* A kept chunk mapped again has its old access; the app's has none. */
+        ipcc_lock();
+        ipcc_vmm_access_seen(t, ptr, loc->id, flags);
+        ipcc_unlock();
+    }
+    return counted(rc);
 }

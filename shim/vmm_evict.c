@@ -19,6 +19,16 @@ typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 
 #define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 
+/* The app's calls with this handle value are the driver's again. */
+static void release_done(uint64_t handle)
+{
+    ipcc_lock();
+    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    if (t)
+        ipcc_vmm_release_done(t, handle);
+    ipcc_unlock();
+}
+
 /* Runs the table's orders, in order, and frees them. */
 void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted)
 {
@@ -34,6 +44,7 @@ void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted)
         } else {
             release_fn f = (release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE);
             rc = f ? f(v->handle) : NO_DRIVER;
+            release_done(v->handle);
             if (v->fd >= 0)
                 close(v->fd);
             if (rc == CUDA_SUCCESS && evicted)

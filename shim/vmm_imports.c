@@ -95,7 +95,7 @@ void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)(int))
         free(t->res[i]->chunks);
         free(t->res[i]);
     }
-    t->nimports = t->nres = 0;
+    t->nimports = t->nres = t->nreleasing = 0;
     memset(t->by_app_fd, 0, sizeof(t->by_app_fd));
     atomic_store(&t->gauges.idle_entries, 0);
     atomic_store(&t->gauges.idle_bytes, 0);
@@ -110,6 +110,7 @@ void ipcc_vmm_table_destroy(struct ipcc_vmm_table *t, void (*close_fd)(int))
     free(t->by_id);
     free(t->by_handle);
     free(t->res);
+    free(t->releasing);
     free(t);
 }
 
@@ -309,19 +310,58 @@ int ipcc_vmm_import_insert(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *i
     return 1;
 }
 
+/* ---- imports: dropped, until really released ------------------------------------ */
+
+/* Between a drop (under the lock) and the real release (after it) the driver
+ * still knows the handle; a release or map of it by the app meanwhile must
+ * get the answer to a released handle, not reach the driver. A handle the
+ * table cannot note (out of memory) is not guarded: as before. */
+static long releasing_at(const struct ipcc_vmm_table *t, uint64_t handle)
+{
+    for (size_t i = 0; i < t->nreleasing; i++)
+        if (t->releasing[i] == handle)
+            return (long)i;
+    return -1;
+}
+
+static void note_releasing(struct ipcc_vmm_table *t, uint64_t handle)
+{
+    if (ipcc_vmm_grow((void **)&t->releasing, &t->capreleasing, t->nreleasing + 1,
+                      sizeof(*t->releasing)) == 0)
+        t->releasing[t->nreleasing++] = handle;
+}
+
 /* The app releases a handle. NOT_FOUND: not ours, the driver answers. */
 enum ipcc_release_result ipcc_vmm_release(struct ipcc_vmm_table *t, uint64_t handle,
                                           uint64_t now_ns)
 {
     struct ipcc_vmm_import *m = ipcc_vmm_import_of(t, handle);
     if (!m)
-        return IPCC_RELEASE_NOT_FOUND;
+        return releasing_at(t, handle) >= 0 ? IPCC_RELEASE_PAST_ZERO : IPCC_RELEASE_NOT_FOUND;
     if (m->refs == 0)
         return IPCC_RELEASE_PAST_ZERO;
     m->refs--;
     m->last_ns = now_ns;
     ipcc_vmm_account(t, m);
     return IPCC_RELEASE_OK;
+}
+
+/* 1 when handle is an import of ours the app released as often as it
+ * imported it (kept, or dropped and not yet really released): to the app, a
+ * handle the driver took back. */
+int ipcc_vmm_import_released(const struct ipcc_vmm_table *t, uint64_t handle)
+{
+    const struct ipcc_vmm_import *m = ipcc_vmm_import_of(t, handle);
+    return m ? m->refs == 0 : releasing_at(t, handle) >= 0;
+}
+
+/* The real release of a dropped import's handle is done (whatever its
+ * answer): from now on the driver answers for that value. Lock held. */
+void ipcc_vmm_release_done(struct ipcc_vmm_table *t, uint64_t handle)
+{
+    long i = releasing_at(t, handle);
+    if (i >= 0)
+        t->releasing[i] = t->releasing[--t->nreleasing];
 }
 
 /* Removes an import that nothing uses; the caller really releases it. */
@@ -343,6 +383,7 @@ void ipcc_vmm_drop_import(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m,
     m->live_pins = 1; /* leaves the gauges */
     ipcc_vmm_account(t, m);
     ipcc_vmm_ops_push(ops, IPCC_VMM_RELEASE, 0, 0, m->handle, m->id.fabric ? -1 : m->id.fd);
+    note_releasing(t, m->handle);
     free(m);
 }
 

@@ -283,6 +283,7 @@ enum ipcc_vmm_verdict ipcc_vmm_map(struct ipcc_vmm_table *t, uint64_t addr, uint
         if (c->addr == addr && c->size == size && !c->adopted && c->imp &&
             c->imp->handle == handle) {
             chunk_adopt(t, c, 1);
+            c->nseen = 0; /* the app's new mapping: no access yet */
             c->imp->last_ns = now_ns;
             r->last_ns = now_ns;
             return IPCC_VMM_DONE;
@@ -351,6 +352,40 @@ void ipcc_vmm_unmap_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size)
 
 /* ---- access ------------------------------------------------------------------- */
 
+/* Sets a's grant in g[0..*n); *n -1: forgotten (more devices than fit). */
+static void grant_set(struct ipcc_vmm_grant *g, int *n, const struct ipcc_vmm_access *a)
+{
+    if (*n < 0)
+        return;
+    for (int i = 0; i < *n; i++) {
+        if (g[i].dev == a->dev) {
+            g[i].flags = a->flags;
+            return;
+        }
+    }
+    if (*n == IPCC_VMM_MAX_ACCESS) {
+        *n = -1; /* forget: never skip (or answer) on this chunk again */
+        return;
+    }
+    g[(*n)++] = (struct ipcc_vmm_grant){ a->dev, a->flags };
+}
+
+/* The app set acc (NULL: something we cannot follow) on c: what it sees,
+ * and, if real, what the driver has. */
+static void chunk_set(struct ipcc_vmm_chunk *c, const struct ipcc_vmm_access *acc, size_t n,
+                      int real)
+{
+    if (!acc) {
+        c->naccess = c->nseen = -1;
+        return;
+    }
+    for (size_t k = 0; k < n; k++) {
+        grant_set(c->seen, &c->nseen, &acc[k]);
+        if (real)
+            grant_set(c->access, &c->naccess, &acc[k]);
+    }
+}
+
 static int chunk_has(const struct ipcc_vmm_chunk *c, const struct ipcc_vmm_access *a)
 {
     for (int i = 0; i < c->naccess; i++)
@@ -379,6 +414,8 @@ enum ipcc_vmm_verdict ipcc_vmm_set_access(struct ipcc_vmm_table *t, uint64_t add
         for (size_t i = first; i <= last && same; i++)
             for (size_t k = 0; k < n && same; k++)
                 same = chunk_has(&r->chunks[i], &acc[k]);
+        for (size_t i = first; i <= last && same; i++)
+            chunk_set(&r->chunks[i], acc, n, 0);
         if (same)
             return IPCC_VMM_DONE;
     }
@@ -386,24 +423,8 @@ enum ipcc_vmm_verdict ipcc_vmm_set_access(struct ipcc_vmm_table *t, uint64_t add
     return IPCC_VMM_PASS;
 }
 
-static void chunk_set(struct ipcc_vmm_chunk *c, const struct ipcc_vmm_access *a)
-{
-    if (c->naccess < 0)
-        return;
-    for (int i = 0; i < c->naccess; i++) {
-        if (c->access[i].dev == a->dev) {
-            c->access[i].flags = a->flags;
-            return;
-        }
-    }
-    if (c->naccess == IPCC_VMM_MAX_ACCESS) {
-        c->naccess = -1; /* forget: never skip on this chunk again */
-        return;
-    }
-    c->access[c->naccess++] = (struct ipcc_vmm_grant){ a->dev, a->flags };
-}
-
-/* The real set-access succeeded: remember it, in the driver's order. */
+/* The real set-access succeeded: remember it, in the driver's order (acc
+ * NULL: descriptors we do not follow; forget what we knew). */
 void ipcc_vmm_set_access_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
                               const struct ipcc_vmm_access *acc, size_t n)
 {
@@ -411,9 +432,29 @@ void ipcc_vmm_set_access_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t 
     for (size_t i = 0; r && i < r->n; i++) {
         struct ipcc_vmm_chunk *c = &r->chunks[i];
         if (c->addr >= addr && c->addr + c->size <= addr + size)
-            for (size_t k = 0; k < n; k++)
-                chunk_set(c, &acc[k]);
+            chunk_set(c, acc, n, 1);
     }
+}
+
+/* What the app sees of dev's access at addr, where the table knows it
+ * better than the driver (an adopted chunk): 1 with *flags set, else 0. */
+int ipcc_vmm_access_seen(const struct ipcc_vmm_table *t, uint64_t addr, int dev,
+                         unsigned long long *flags)
+{
+    struct ipcc_vmm_range *r = res_at(t, addr, NULL);
+    for (size_t i = 0; r && i < r->n; i++) {
+        const struct ipcc_vmm_chunk *c = &r->chunks[i];
+        if (addr < c->addr || addr >= c->addr + c->size)
+            continue;
+        if (!c->adopted || c->nseen < 0)
+            return 0;
+        *flags = 0;
+        for (int k = 0; k < c->nseen; k++)
+            if (c->seen[k].dev == dev)
+                *flags = c->seen[k].flags;
+        return 1;
+    }
+    return 0;
 }
 
 /* A call the table does not answer (get-access, a map with an offset...):
@@ -461,33 +502,32 @@ static void res_evict(struct ipcc_vmm_table *t, size_t index, int release_import
 /*
  * The app frees [addr, addr+size). DONE_OK: exactly a tracked reservation
  * with no mapping the app still sees, but kept chunks: it becomes idle.
- * INVALID: freed already. PASS: the driver answers; on success
- * ipcc_vmm_free_done.
+ * INVALID: freed already. PASS: the driver answers. Exactly a tracked
+ * reservation with nothing in it is forgotten now: once the driver has freed
+ * it, another thread may reserve the same addresses before we could look
+ * again (if the driver refuses, the range just goes uncached).
  */
 enum ipcc_vmm_verdict ipcc_vmm_free(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
                                     uint64_t now_ns, struct ipcc_vmm_ops *ops)
 {
     (void)ops; /* the shape of every range call; a free never needs one */
     enum ipcc_vmm_verdict v;
+    size_t index;
     struct ipcc_vmm_range *r = live_res(t, addr, &v);
     if (!r)
         return v;
-    if (r->addr != addr || r->size != size || r->n == 0)
+    if (r->addr != addr || r->size != size)
         return IPCC_VMM_PASS;
+    if (r->n == 0 && res_at(t, addr, &index) == r) {
+        res_remove(t, index);
+        return IPCC_VMM_PASS;
+    }
     for (size_t i = 0; i < r->n; i++)
         if (r->chunks[i].adopted)
             return IPCC_VMM_PASS;
     set_idle(t, r, 1);
     r->last_ns = now_ns;
     return IPCC_VMM_DONE;
-}
-
-void ipcc_vmm_free_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size)
-{
-    size_t i;
-    struct ipcc_vmm_range *r = res_at(t, addr, &i);
-    if (r && r->addr == addr && r->size == size)
-        res_remove(t, i);
 }
 
 /* Idle reservations overlapping [addr, addr+size) (an address hint the

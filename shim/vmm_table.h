@@ -36,6 +36,11 @@ struct ipcc_vmm_chunk {
     int adopted;
     int naccess;               /* -1: more devices than we remember */
     struct ipcc_vmm_grant access[IPCC_VMM_MAX_ACCESS];
+    /* What the app set since it mapped the chunk (its view: a kept chunk
+     * mapped again keeps its real access, the app's new mapping has none);
+     * nseen -1: unknown, the driver answers. */
+    int nseen;
+    struct ipcc_vmm_grant seen[IPCC_VMM_MAX_ACCESS];
 };
 
 struct ipcc_vmm_range {
@@ -61,6 +66,8 @@ struct ipcc_vmm_table {
     struct ipcc_vmm_range **res;
     size_t nres, capres;
     uint64_t serials;                  /* the last range serial given */
+    uint64_t *releasing;               /* dropped imports' handles until really released */
+    size_t nreleasing, capreleasing;
     struct ipcc_vmm_gauges gauges;
 };
 

@@ -487,6 +487,61 @@ int fakevmm_maps_allocation(CUdeviceptr ptr, CUmemGenericAllocationHandle h)
     return same;
 }
 
+int fakevmm_handle_allocation(CUmemGenericAllocationHandle h, uint64_t *pid, uint64_t *serial)
+{
+    vlock();
+    struct vhandle *v = handle_of(h);
+    if (v)
+        *pid = v->pid, *serial = v->serial;
+    vunlock();
+    return v != NULL;
+}
+
+int fakevmm_allocation_at(CUdeviceptr ptr, uint64_t *pid, uint64_t *serial)
+{
+    vlock();
+    struct vmap *m = map_at(ptr);
+    if (m)
+        *pid = m->pid, *serial = m->serial;
+    vunlock();
+    return m != NULL;
+}
+
+static void list_put(struct fakevmm_item *out, size_t cap, size_t *n, struct fakevmm_item item)
+{
+    if (*n < cap)
+        out[*n] = item;
+    (*n)++;
+}
+
+_Static_assert(sizeof(((struct fakevmm_item *)0)->access) == sizeof(((struct vmap *)0)->access),
+               "fakevmm_item lists every device's access");
+
+size_t fakevmm_list(struct fakevmm_item *out, size_t cap)
+{
+    size_t n = 0;
+    vlock();
+    for (int i = 0; i < MAX_HANDLES; i++) {
+        const struct vhandle *v = &v_handles[i];
+        if (v->used)
+            list_put(out, cap, &n, (struct fakevmm_item){
+                v->created ? FAKEVMM_CREATED : FAKEVMM_IMPORTED, v->pid, v->serial, 0, v->size, { 0 } });
+    }
+    for (int i = 0; i < MAX_MAPS; i++) {
+        const struct vmap *m = &v_maps[i];
+        if (!m->used) continue;
+        struct fakevmm_item item = { FAKEVMM_MAPPING, m->pid, m->serial, m->addr, m->size, { 0 } };
+        memcpy(item.access, m->access, sizeof item.access);
+        list_put(out, cap, &n, item);
+    }
+    for (int i = 0; i < MAX_RES; i++)
+        if (v_res[i].used)
+            list_put(out, cap, &n, (struct fakevmm_item){ FAKEVMM_RESERVATION, 0, 0, v_res[i].addr,
+                                                         v_res[i].size, { 0 } });
+    vunlock();
+    return n;
+}
+
 /* After the process's atexit handlers: what was left behind. */
 __attribute__((destructor)) static void fake_vmm_counters_at_exit(void)
 {

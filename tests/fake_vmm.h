@@ -42,6 +42,25 @@ long long fakevmm_access(CUdeviceptr ptr, int dev);
 /* 1 when the mapping at ptr is of the allocation handle h names. */
 int fakevmm_maps_allocation(CUdeviceptr ptr, CUmemGenericAllocationHandle h);
 
+/* ---- the differential fuzzer's view (tests/fuzz_vmm.c) ---- */
+
+/* The allocation (creator's pid, serial) a live handle names, or that the
+ * mapping at ptr maps; 0 when there is none. */
+int fakevmm_handle_allocation(CUmemGenericAllocationHandle h, uint64_t *pid, uint64_t *serial);
+int fakevmm_allocation_at(CUdeviceptr ptr, uint64_t *pid, uint64_t *serial);
+
+/* One piece of live VMM state: a handle (imported or created), a mapping
+ * (with its place, size and access per device) or a reservation. */
+enum fakevmm_kind { FAKEVMM_IMPORTED, FAKEVMM_CREATED, FAKEVMM_MAPPING, FAKEVMM_RESERVATION };
+struct fakevmm_item {
+    enum fakevmm_kind kind;
+    uint64_t pid, serial, addr, size; /* addr: of a mapping or reservation */
+    unsigned long long access[16];
+};
+
+/* Copies up to cap live items into out[]; returns how many exist. */
+size_t fakevmm_list(struct fakevmm_item *out, size_t cap);
+
 /* Resolver rows of the VMM functions (fake_cuda.c asks): the function for
  * (symbol, version), *known set when the name is a VMM one. */
 void *fakevmm_proc(const char *symbol, int version, int *known);

@@ -6,9 +6,12 @@
  * bad flags, NULL pointer, zero or garbage handle), closes (proper, in the
  * wrong context, double, unknown pointer), reopens, context create, destroy,
  * push, pop, primary retain, release and reset, fork (the child runs a short
- * sub-sequence and exits), the stats signal to itself, and resolver lookups. Settings the seed
- * also chooses: small IPCCACHE_* caps, a driver without cuCtxGetId, and how
- * the driver is reached (resolver v1/v2, dlsym).
+ * sub-sequence and exits), the stats signal to itself, resolver lookups, and
+ * the VMM path's calls (tests/fuzz_vmm.c: imports, reserve, map, access,
+ * release, free, whole rebuilds in either order). Settings the seed also
+ * chooses: small IPCCACHE_* caps (one budget for both paths), a driver
+ * without cuCtxGetId, how the driver is reached (resolver v1/v2, dlsym), how
+ * often VMM calls come (never, in a quarter of the seeds), IPCCACHE_VMM=0.
  *
  *     fuzz SEED [KEEP]     KEEP: "all" (default), "none", or op numbers "3,7,12"
  *     fuzz SEED count      prints how many ops the seed generates
@@ -19,7 +22,8 @@
  * contexts and handles), and logs are printed per thread after the join.
  * At exit, after ipccache's own exit-time release (its atexit handler is
  * registered later than ours, so it runs first), the stand-in driver's live
- * mappings are listed with their references. fuzz.sh runs each seed without
+ * mappings are listed with their references, and its live VMM state (see
+ * vmm_final). fuzz.sh runs each seed without
  * and with the preload; any difference in the output is a bug.
  */
 #define _GNU_SOURCE
@@ -35,6 +39,7 @@
 #include <unistd.h>
 
 #include "fake_cuda.h"
+#include "fuzz.h"
 
 #define MAX_THREADS 8
 #define MAX_OPS 64
@@ -49,7 +54,7 @@
 
 /* ---- random numbers: splitmix64, reproducible from the seed ------------- */
 
-static uint64_t next_random(uint64_t *s)
+uint64_t next_random(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -57,7 +62,7 @@ static uint64_t next_random(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static unsigned pick(uint64_t *s, unsigned n)
+unsigned pick(uint64_t *s, unsigned n)
 {
     return n ? (unsigned)(next_random(s) % n) : 0;
 }
@@ -87,7 +92,7 @@ static struct {
     unsigned long long (*ctx_serial)(CUcontext);
 } drv;
 
-static void die(const char *fmt, ...)
+void die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -98,7 +103,7 @@ static void die(const char *fmt, ...)
     exit(2);
 }
 
-static void *must(void *p, const char *what)
+void *must(void *p, const char *what)
 {
     if (!p)
         die("cannot find %s", what);
@@ -106,8 +111,7 @@ static void *must(void *p, const char *what)
 }
 
 /* Resolver path: (name, version); dlsym path: new or old exported name. */
-static void *lookup(const char *name, int old_version, int new_version,
-                    const char *new_symbol)
+void *lookup(const char *name, int old_version, int new_version, const char *new_symbol)
 {
     void *fn = NULL;
     if (drv.path >= 2)
@@ -117,6 +121,11 @@ static void *lookup(const char *name, int old_version, int new_version,
     if (drv.resolve(name, &fn, version, 0, &st) != CUDA_SUCCESS || st != CU_GET_PROC_ADDRESS_SUCCESS)
         die("cuGetProcAddress(%s, %d) failed", name, version);
     return must(fn, name);
+}
+
+void *driver_symbol(const char *name)
+{
+    return must(dlsym(drv.lib, name), name);
 }
 
 static void load_driver(void)
@@ -137,6 +146,7 @@ static void load_driver(void)
     drv.make_foreign = must(dlsym(drv.lib, "fakecuda_make_foreign_handle"), "fake hooks");
     drv.list_mappings = must(dlsym(drv.lib, "fakecuda_list_mappings"), "fakecuda_list_mappings");
     drv.ctx_serial = must(dlsym(drv.lib, "fakecuda_ctx_serial"), "fakecuda_ctx_serial");
+    vmm_load();
     if (drv.init(0) != CUDA_SUCCESS)
         die("cuInit failed");
 }
@@ -147,18 +157,19 @@ enum op_kind {
     OP_OPEN, OP_CLOSE, OP_CLOSE_HERE, OP_CLOSE_AGAIN, OP_CLOSE_BOGUS, OP_REOPEN,
     OP_CTX_CREATE, OP_CTX_DESTROY, OP_PUSH, OP_POP,
     OP_PRIMARY_RETAIN, OP_PRIMARY_RELEASE, OP_PRIMARY_RESET,
-    OP_FORK, OP_SIGNAL, OP_RESOLVE, OP_KINDS
+    OP_FORK, OP_SIGNAL, OP_RESOLVE, OP_VMM, OP_KINDS
 };
 
 static const char *const op_names[OP_KINDS] = {
     "open", "close", "close-here", "close-again", "close-bogus", "reopen",
     "ctx-create", "ctx-destroy", "push", "pop",
-    "primary-retain", "primary-release", "primary-reset", "fork", "signal", "resolve",
+    "primary-retain", "primary-release", "primary-reset", "fork", "signal", "resolve", "vmm",
 };
 
-/* Relative frequencies; a fork child never forks again. */
-static const unsigned op_weights[OP_KINDS] = {
-    30, 18, 4, 5, 2, 6, 5, 3, 6, 4, 5, 3, 3, 2, 2, 3,
+/* Relative frequencies; a fork child never forks again. The seed sets the
+ * VMM path's (0: legacy IPC only, as before it was fuzzed). */
+static unsigned op_weights[OP_KINDS] = {
+    30, 18, 4, 5, 2, 6, 5, 3, 6, 4, 5, 3, 3, 2, 2, 3, 0,
 };
 
 struct op {
@@ -206,17 +217,17 @@ struct thread {
     char *log;
     size_t len, cap;
     pthread_t tid;
+    struct fuzz_vmm vmm;
 };
 
 static struct thread threads[MAX_THREADS];
-static int nthreads;
+int nthreads;
 static unsigned char *keep; /* per global op number; NULL: keep all */
 static pid_t main_pid;
 /* Per thread: raise() runs the handler in the raising thread. */
 static __thread volatile sig_atomic_t signals_seen;
 
-static void log_line(struct thread *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void log_line(struct thread *t, const char *fmt, ...)
+void log_line(struct thread *t, const char *fmt, ...)
 {
     char line[256];
     va_list ap;
@@ -549,6 +560,7 @@ static void become_child(struct thread *t)
         exporter += 2 * MAX_THREADS;
         memcpy(t->handles[k].reserved + 8, &exporter, 8);
     }
+    vmm_child(&t->vmm);
 }
 
 /* The child runs a few ops of its own, sends its log up a pipe and exits
@@ -626,6 +638,7 @@ static void run_op(struct thread *t, const struct op *op, int in_child)
         break;
     case OP_SIGNAL: do_signal(t); break;
     case OP_RESOLVE: do_resolve(t, op->r); break;
+    case OP_VMM: vmm_op(t, &t->vmm, op->r); break;
     case OP_KINDS: break;
     }
 }
@@ -645,6 +658,7 @@ static void drain(struct thread *t)
         if (t->ctx[c].alive)
             log_line(t, "drain c%d: %d close(s)\n", c, n);
     }
+    vmm_drain(t, &t->vmm);
 }
 
 static void *thread_main(void *arg)
@@ -658,6 +672,7 @@ static void *thread_main(void *arg)
     }
     if (t->drain)
         drain(t);
+    vmm_end(t, &t->vmm);
     return NULL;
 }
 
@@ -710,6 +725,10 @@ static void final_mappings(void)
     for (size_t i = 0; i < n; i++)
         printf("%s\n", lines[i]);
     printf("final: %zu mapping(s)\n", n);
+    struct fuzz_vmm *all[MAX_THREADS];
+    for (int t = 0; t < nthreads; t++)
+        all[t] = &threads[t].vmm;
+    vmm_final(all, nthreads);
     fflush(stdout);
 }
 
@@ -734,10 +753,15 @@ static void choose_settings(uint64_t *s)
         setenv_u("IPCCACHE_MAX_IDLE_BYTES", caps_bytes[pick(s, 4)]);
     }
     drv.path = (int)pick(s, 4);
-    printf("settings: no_ctxgetid=%s max_idle_entries=%s max_idle_bytes=%s path=%d\n",
+    static const unsigned vmm_weights[] = { 0, 15, 40, 100 };
+    op_weights[OP_VMM] = vmm_weights[pick(s, 4)];
+    if (pick(s, 8) == 0)
+        setenv("IPCCACHE_VMM", "0", 1);
+    printf("settings: no_ctxgetid=%s max_idle_entries=%s max_idle_bytes=%s path=%d vmm=%u%s\n",
            getenv("FAKECUDA_NO_CTXGETID") ? "1" : "0",
            getenv("IPCCACHE_MAX_IDLE_ENTRIES") ? getenv("IPCCACHE_MAX_IDLE_ENTRIES") : "-",
-           getenv("IPCCACHE_MAX_IDLE_BYTES") ? getenv("IPCCACHE_MAX_IDLE_BYTES") : "-", drv.path);
+           getenv("IPCCACHE_MAX_IDLE_BYTES") ? getenv("IPCCACHE_MAX_IDLE_BYTES") : "-", drv.path,
+           op_weights[OP_VMM], getenv("IPCCACHE_VMM") ? " IPCCACHE_VMM=0" : "");
 }
 
 static int generate(uint64_t seed)
@@ -795,8 +819,10 @@ int main(int argc, char **argv)
     }
     parse_keep(argc == 3 ? argv[2] : "all", total);
     load_driver();
-    for (int i = 0; i < nthreads; i++)
+    for (int i = 0; i < nthreads; i++) {
         make_handles(&threads[i], &(uint64_t){ seed ^ (0x1000u + (unsigned)i) });
+        vmm_start(&threads[i].vmm, i);
+    }
     printf("seed %llu: %d thread(s), %d op(s)\n", (unsigned long long)seed, nthreads, total);
     fflush(stdout);
     for (int i = 0; i < nthreads; i++)

@@ -326,6 +326,55 @@ Test(vmm, partial_remap_replaces_the_kept_chunk, .timeout = 10)
     expect_no_stale_handles();
 }
 
+/* A chunk mapped again where it was kept has, to the app, no access until it
+ * sets some, as the driver's new mapping (fuzz seed 2027); access set for
+ * one device is all the app sees, whatever the kept chunk had. */
+Test(vmm, remapped_kept_chunk_has_no_access_until_set, .timeout = 10)
+{
+    int fds[CHUNKS];
+    exporter(fds);
+    CUmemGenericAllocationHandle h[CHUNKS];
+    CUdeviceptr p = rebuild(fds, h, 2);
+    cr_assert_eq(cuMemUnmap(p, G), CUDA_SUCCESS);
+    uint64_t maps = vmm().maps;
+    cr_assert_eq(cuMemMap(p, G, 0, h[0], 0), CUDA_SUCCESS);
+    cr_assert_eq(vmm().maps, maps, "a hit: the kept chunk");
+    unsigned long long flags = 7;
+    CUmemLocation d0 = { CU_MEM_LOCATION_TYPE_DEVICE, 0 }, d1 = { CU_MEM_LOCATION_TYPE_DEVICE, 1 };
+    cr_assert_eq(cuMemGetAccess(&flags, &d0, p), CUDA_SUCCESS);
+    cr_assert_eq(flags, 0, "the driver's new mapping has no access");
+    CUmemAccessDesc d = access_on(0);
+    cr_assert_eq(cuMemSetAccess(p, G, &d, 1), CUDA_SUCCESS);
+    cr_assert_eq(cuMemGetAccess(&flags, &d0, p), CUDA_SUCCESS);
+    cr_assert_eq(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    cr_assert_eq(cuMemGetAccess(&flags, &d1, p), CUDA_SUCCESS);
+    cr_assert_eq(flags, 0, "only device 0 was given access since the map");
+    CUmemLocation bad = { CU_MEM_LOCATION_TYPE_DEVICE, 99 };
+    cr_assert_eq(cuMemGetAccess(&flags, &bad, p), CUDA_ERROR_INVALID_DEVICE);
+}
+
+/* A map with a handle the app released is refused as the driver refuses a
+ * handle it took back, though the cache still holds the import (fuzz seeds
+ * 91 and 118): in a fresh range, with an offset, and where it is kept. */
+Test(vmm, map_of_a_released_handle_is_refused, .timeout = 10)
+{
+    int fds[CHUNKS];
+    CUmemGenericAllocationHandle h[CHUNKS];
+    kept_segment(fds, h);
+    CUdeviceptr p = 0;
+    cr_assert_eq(cuMemAddressReserve(&p, 4 * G, 0, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(p, G, 0, h[0], 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemMap(p, G, G, h[0], 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemAddressFree(p, 4 * G), CUDA_SUCCESS);
+    for (int i = 0; i < CHUNKS; i++)
+        h[i] = import(fds[i]);
+    CUdeviceptr q = 0;
+    cr_assert_eq(cuMemAddressReserve(&q, 4 * G, 0, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(h[0]), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(q, G, 0, h[0], 0), CUDA_ERROR_INVALID_VALUE, "kept there, released");
+    cr_assert_eq(cuMemMap(q + G, G, 0, h[1], 0), CUDA_SUCCESS);
+}
+
 /* The app's calls on a range it freed get the driver's answers. */
 Test(vmm, freed_range_answers_as_freed, .timeout = 10)
 {

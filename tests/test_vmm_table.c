@@ -228,6 +228,46 @@ static void release_all(struct ipcc_vmm_table *t)
     cr_assert_eq(ops.n, 0);
 }
 
+/* An evicted import stays "released" until its real release is done: the
+ * app's release past zero, or map, in that window must not reach the driver,
+ * which still knows the handle (fuzz seed 258, another thread evicting). */
+Test(vmm_table, evicted_import_is_released_until_really_released, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 1, 0xa1);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 5), IPCC_RELEASE_OK);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_evict_one(t, &ops), 1);
+    cr_assert_eq(ops.n, 1);
+    cr_assert_eq(ops.v[0].op, IPCC_VMM_RELEASE);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 6), IPCC_RELEASE_PAST_ZERO);
+    cr_assert_eq(ipcc_vmm_import_released(t, 0xa1), 1);
+    ipcc_vmm_release_done(t, 0xa1);
+    cr_assert_eq(ipcc_vmm_release(t, 0xa1, 7), IPCC_RELEASE_NOT_FOUND);
+    cr_assert_eq(ipcc_vmm_import_released(t, 0xa1), 0);
+    free(ops.v);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* A tracked range the app frees while nothing is kept in it is forgotten at
+ * once: after the driver's free another thread may get the same addresses,
+ * and its new range must be the one found there (fuzz seed 2657). */
+Test(vmm_table, freed_range_is_forgotten_before_the_driver_frees_it, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 1, 0xa1);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_reserve_track(t, R, 3 * G), 0);
+    cr_assert_eq(ipcc_vmm_free(t, R, 3 * G, 2, &ops), IPCC_VMM_PASS, "the driver frees it");
+    cr_assert_eq(ipcc_vmm_reserve_track(t, R, 5 * G), 0, "another thread's range, same place");
+    cr_assert_eq(ipcc_vmm_map(t, R, G, 0xa1, 3, &ops), IPCC_VMM_PASS);
+    ipcc_vmm_map_done(t, R, G, 0xa1);
+    cr_assert_eq(ipcc_vmm_unmap(t, R, G, 4, &ops), IPCC_VMM_DONE, "kept");
+    cr_assert_eq(ipcc_vmm_free(t, R, 5 * G, 5, &ops), IPCC_VMM_DONE, "its range, kept idle");
+    cr_assert_eq(ops.n, 0);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
 /* Released and freed, the segment is idle; its imports count as idle bytes. */
 Test(vmm_table, release_leaves_the_segment_idle, .timeout = 10)
 {
