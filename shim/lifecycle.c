@@ -3,9 +3,10 @@
  * the library, calling down into the tables (tables.c), eviction (evict.c)
  * and the stats.
  *
- * Nothing happens at load time: a process that never opens an IPC handle
- * gets no handler, no atexit entry and no message from us. The first
- * intercepted call reads the settings and sets everything up, once.
+ * At load time only the fork handlers are registered (see there): a process
+ * that never opens an IPC handle gets no signal handler, no atexit entry,
+ * no thread and no message from us. The first intercepted call reads the
+ * settings and sets everything up, once.
  *
  * The table lock (lock.c) is the library's only lock; the fork handlers
  * below take it and reset it in the child (musl's fork does the same).
@@ -21,36 +22,37 @@ static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 /* ---- fork: no CUDA calls here; the child's CUDA state is not usable ----- */
 
 /*
- * A fork while another thread is inside start() makes glibc run start()
- * again in the child (pthread_once does so for an initialisation a vanished
- * thread left unfinished), so these handlers can be registered twice: the
- * forking thread takes the lock only at the outermost call.
+ * Registered when the library is loaded, not at start: glibc runs for a fork
+ * only the handlers registered before that fork began, so a fork begun just
+ * before start would otherwise copy the lock while another thread's fork
+ * holds it, into a child that never resets it. Before start they take a lock
+ * nobody else takes and clear empty tables: nothing a program can notice.
  */
-static __thread int fork_depth;
-
 static void before_fork(void)
 {
-    if (fork_depth++ == 0)
-        ipcc_lock();
+    ipcc_lock();
 }
 
 static void after_fork_parent(void)
 {
-    if (--fork_depth == 0)
-        ipcc_unlock();
+    ipcc_unlock();
 }
 
 /* The child's mappings belong to the parent's contexts: forget them all.
  * The lock may have been taken by a thread that does not exist here. */
 static void after_fork_child(void)
 {
-    fork_depth = 0;
     ipcc_lock_reset();
     ipcc_tables_fork_child();
     ipcc_closing_reset();
     ipcc_vmm_fork_child();
     ipcc_stats_reset();
     ipcc_contexts_changing();
+}
+
+__attribute__((constructor)) static void watch_forks(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
 /* ---- exit --------------------------------------------------------------- */
@@ -102,7 +104,6 @@ static void start(void)
         return;
     }
     ipcc_stats_install_handler();
-    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     atexit(at_exit);
     log_start();
 }

@@ -1004,6 +1004,110 @@ static int scenario_fork(int argc, char **argv)
     return bad || atomic_load(&spin.errors);
 }
 
+/*
+ * Two forks at ipccache's start. glibc runs, for a fork, only the fork
+ * handlers registered before that fork began. The "early" thread's fork
+ * begins before the first IPC call; the main thread then makes that call
+ * (ipccache starts) and forks too. The probe's own fork handler holds each
+ * fork in its prepare step so that the early fork copies the process while
+ * the late one is in its prepare step: were ipccache's handlers registered
+ * at start, the late fork's would hold the table lock then, and the early
+ * child, whose fork runs none of them, would wait on that lock forever
+ * (alarm ends it). Every wait is bounded.
+ */
+static struct {
+    pthread_t early;
+    CUcontext ctx;
+    CUipcMemHandle h;
+    atomic_int early_preparing, late_preparing, early_forked;
+    pid_t early_pid;
+} race;
+
+static void wait_flag(atomic_int *flag)
+{
+    for (int i = 0; i < 3000 && !atomic_load(flag); i++)
+        nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
+}
+
+static void order_forks(void)
+{
+    if (pthread_equal(pthread_self(), race.early)) {
+        atomic_store(&race.early_preparing, 1);
+        wait_flag(&race.late_preparing);
+    } else {
+        atomic_store(&race.late_preparing, 1);
+        wait_flag(&race.early_forked);
+    }
+}
+
+/* A fork child's IPC open and close; exit status 0 when both succeed. */
+static void race_child(void)
+{
+    alarm(5);
+    CUdeviceptr p = 0;
+    CUresult rc = drv.ipc_open(&p, race.h, LAZY);
+    if (rc == CUDA_SUCCESS)
+        rc = drv.ipc_close(p);
+    exit(rc == CUDA_SUCCESS ? 0 : 3); /* ipccache's exit handler runs too */
+}
+
+static void *early_fork(void *arg)
+{
+    (void)arg;
+    drv.ctx_set_current(race.ctx);
+    pid_t pid = fork();
+    if (pid == 0)
+        race_child();
+    race.early_pid = pid;
+    atomic_store(&race.early_forked, 1);
+    return NULL;
+}
+
+/* Waits up to 10 s for pid; prints WHO_exit or WHO_signal (or WHO_timeout). */
+static int reap(pid_t pid, const char *who)
+{
+    char key[64];
+    int status = 0;
+    for (int i = 0; i < 1000 && waitpid(pid, &status, WNOHANG) != pid; i++, status = -1)
+        nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        snprintf(key, sizeof(key), "%s_timeout", who);
+        put(key, 1);
+        return 1;
+    }
+    snprintf(key, sizeof(key), WIFSIGNALED(status) ? "%s_signal" : "%s_exit", who);
+    put(key, WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    return !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+}
+
+static int scenario_fork_at_start(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    race.ctx = use_primary_context();
+    race.h = foreign_handle(1);
+    pthread_atfork(order_forks, NULL, NULL);
+    fflush(stdout);
+    if (pthread_create(&race.early, NULL, early_fork, NULL) != 0)
+        die(EXIT_SETUP, "pthread_create failed");
+    wait_flag(&race.early_preparing);
+    struct loop_result r = open_close(&race.h, 1); /* ipccache starts here */
+    int bad = put_loop(&r);
+    pid_t late = fork();
+    if (late < 0)
+        die(EXIT_SETUP, "fork: %s", strerror(errno));
+    if (late == 0)
+        race_child();
+    pthread_join(race.early, NULL);
+    bad |= race.early_pid <= 0;
+    if (race.early_pid > 0)
+        bad |= reap(race.early_pid, "early_child");
+    bad |= reap(late, "late_child");
+    return bad;
+}
+
 /* ---- main ---------------------------------------------------------------- */
 
 static const struct {
@@ -1030,6 +1134,7 @@ static const struct {
     { "mixed", scenario_mixed, "" },
     { "threads", scenario_threads, "[N=8]" },
     { "fork", scenario_fork, "[unguarded]" },
+    { "fork_at_start", scenario_fork_at_start, "" },
 };
 
 int main(int argc, char **argv)

@@ -625,6 +625,16 @@ Test(process, fork_child_starts_with_an_empty_table, .timeout = 20)
     expect_kv(&p, "spin_errors", 0);
 }
 
+Test(process, fork_begun_before_start_gets_a_usable_lock, .timeout = 30)
+{
+    /* A fork begun before the first IPC call, copying the process while a later fork prepares: its child's IPC calls still work. */
+    struct proc p;
+    probe(&p, NO_ENV, "fork_at_start");
+    expect_quiet_success(&p);
+    expect_kv(&p, "early_child_exit", 0);
+    expect_kv(&p, "late_child_exit", 0);
+}
+
 Test(process, driver_gone_after_exit_handler_is_quiet, .timeout = 20)
 {
     /* The driver torn down at exit after ipccache's handler: exit 0, nothing said. */
