@@ -11,7 +11,7 @@
  * Imports are sorted by identity (a kept dup's open file description, ordered
  * by the caller's comparator, kcmp in production; or a fabric handle's bytes)
  * and by handle value; binary search on both, after one comparison with the
- * import the same app fd number found last time (by_app_fd). refs counts the app's imports
+ * import that followed the last one found the time before. refs counts the app's imports
  * not yet released. Reservations and their chunks: vmm_ranges.c.
  */
 #include <stdlib.h>
@@ -96,7 +96,7 @@ void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)(int))
         free(t->res[i]);
     }
     t->nimports = t->nres = t->nreleasing = 0;
-    memset(t->by_app_fd, 0, sizeof(t->by_app_fd));
+    t->last_found = NULL;
     atomic_store(&t->gauges.idle_entries, 0);
     atomic_store(&t->gauges.idle_bytes, 0);
     atomic_store(&t->gauges.idle_reservations, 0);
@@ -214,38 +214,34 @@ static void remove_at(struct ipcc_vmm_import **arr, size_t n, size_t at)
     memmove(&arr[at], &arr[at + 1], (n - at - 1) * sizeof(*arr));
 }
 
-/* ---- the app fd number hint --------------------------------------------- */
+/* ---- prediction --------------------------------------------------------- */
 
-static int hintable(const struct ipcc_vmm_id *id)
+/* A rebuild imports a segment's chunks in the same order every time, and a
+ * weight sync its tensors' segments: the import found after m last time is
+ * most likely the one asked for after m now. One comparison confirms it
+ * (the identity stays exact); a wrong guess costs that one comparison. */
+static struct ipcc_vmm_import *predicted(const struct ipcc_vmm_table *t,
+                                         const struct ipcc_vmm_id *id)
 {
-    return !id->fabric && id->fd >= 0 && id->fd < IPCC_VMM_FD_HINTS;
+    struct ipcc_vmm_import *m = t->last_found ? t->last_found->next_found : NULL;
+    return m && id_order(t, id, &m->id) == 0 ? m : NULL;
 }
 
-/* The import id's fd number found last time, if it is still the same
- * description (one comparison instead of a search); else NULL. */
-static struct ipcc_vmm_import *hinted(const struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id)
+static void note_found(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m)
 {
-    if (!hintable(id))
-        return NULL;
-    struct ipcc_vmm_import *m = t->by_app_fd[id->fd];
-    return m && t->cmp(id->fd, m->id.fd) == 0 ? m : NULL;
+    if (t->last_found && t->last_found != m)
+        t->last_found->next_found = m;
+    t->last_found = m;
 }
 
-static void unhint(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m)
+/* m is going: nothing may predict it any more. */
+static void unpredict(struct ipcc_vmm_table *t, const struct ipcc_vmm_import *m)
 {
-    if (m->hint_fd >= 0 && t->by_app_fd[m->hint_fd] == m)
-        t->by_app_fd[m->hint_fd] = NULL;
-    m->hint_fd = -1;
-}
-
-static void hint(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
-                 struct ipcc_vmm_import *m)
-{
-    if (!hintable(id))
-        return;
-    unhint(t, m);
-    t->by_app_fd[id->fd] = m;
-    m->hint_fd = id->fd;
+    if (t->last_found == m)
+        t->last_found = NULL;
+    for (size_t k = 0; k < t->nimports; k++)
+        if (t->by_id[k]->next_found == m)
+            t->by_id[k]->next_found = NULL;
 }
 
 /* ---- imports: the calls ---------------------------------------------------- */
@@ -255,7 +251,7 @@ static void hint(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
 int ipcc_vmm_import_find(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
                          uint64_t now_ns, uint64_t *handle)
 {
-    struct ipcc_vmm_import *m = hinted(t, id);
+    struct ipcc_vmm_import *m = predicted(t, id);
     if (!m) {
         int found;
         long i = find_id(t, id, &found);
@@ -264,8 +260,8 @@ int ipcc_vmm_import_find(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
         if (!found)
             return 0;
         m = t->by_id[i];
-        hint(t, id, m);
     }
+    note_found(t, m);
     m->refs++;
     m->last_ns = now_ns;
     ipcc_vmm_account(t, m);
@@ -301,12 +297,12 @@ int ipcc_vmm_import_insert(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *i
         return -1;
     m->id = *id;
     m->handle = handle;
-    m->hint_fd = -1;
     m->refs = 1;
     m->last_ns = now_ns;
     insert_at(t->by_id, t->nimports, (size_t)i, m);
     insert_at(t->by_handle, t->nimports, (size_t)j, m);
     t->nimports++;
+    note_found(t, m);
     return 1;
 }
 
@@ -378,7 +374,7 @@ void ipcc_vmm_drop_import(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m,
         }
     }
     t->nimports--;
-    unhint(t, m);
+    unpredict(t, m);
     m->refs = 0;
     m->live_pins = 1; /* leaves the gauges */
     ipcc_vmm_account(t, m);

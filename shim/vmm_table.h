@@ -21,7 +21,7 @@ struct ipcc_vmm_import {
     int counted;               /* in the idle gauges */
     uint64_t counted_bytes;
     int tagged;                /* tag: the export it came from (vmm_ghost.c) */
-    int hint_fd;               /* the app's fd number it was last found by; -1: none */
+    struct ipcc_vmm_import *next_found; /* found right after this one last time */
     unsigned char tag[IPCC_HANDLE_BYTES];
 };
 
@@ -53,15 +53,10 @@ struct ipcc_vmm_range {
     size_t n, cap;
 };
 
-/* App fd numbers remembered for the fast path of a repeated import: a
- * rebuild gets its fds from pidfd_getfd, which hands out the lowest free
- * numbers, so the same numbers come back rebuild after rebuild. */
-#define IPCC_VMM_FD_HINTS 1024
-
 struct ipcc_vmm_table {
     ipcc_vmm_cmp_fn cmp;
     struct ipcc_vmm_import **by_id, **by_handle;
-    struct ipcc_vmm_import *by_app_fd[IPCC_VMM_FD_HINTS]; /* a guess, checked by cmp */
+    struct ipcc_vmm_import *last_found; /* the import found or recorded last */
     size_t nimports, capimports, caphandles;
     struct ipcc_vmm_range **res;
     size_t nres, capres;
