@@ -114,11 +114,11 @@ $(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 # preload. calloc is wrapped so that a test can make the table's allocations fail.
 VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c
 $(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c shim/userdir.c \
-                          shim/keyset.c \
+                          shim/keyset.c shim/lock.c \
                           $(VMM_TABLE) $(LEDGER_SRC) shim/internal.h shim/vmm_table.h shim/ledger.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c shim/fmt.c shim/userdir.c shim/keyset.c $(VMM_TABLE) $(LEDGER_SRC) \
+	    shim/log.c shim/fmt.c shim/userdir.c shim/keyset.c shim/lock.c $(VMM_TABLE) $(LEDGER_SRC) \
 	    -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.

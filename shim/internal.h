@@ -67,6 +67,9 @@ IPCC_HIDDEN size_t ipcc_keyset_count(struct ipcc_keyset *s);
 IPCC_HIDDEN size_t ipcc_keyset_copy(struct ipcc_keyset *s,
                                     unsigned char (*out)[IPCC_HANDLE_BYTES]);
 IPCC_HIDDEN void ipcc_keyset_reset(struct ipcc_keyset *s);
+typedef uint64_t (*ipcc_keyset_let_go_fn)(const unsigned char *key, int *in_use, void *arg);
+IPCC_HIDDEN uint64_t ipcc_keyset_sweep(struct ipcc_keyset *s, ipcc_keyset_let_go_fn let_go,
+                                       void *arg);
 
 IPCC_HIDDEN struct ipcc_cache *ipcc_cache_create(void);
 IPCC_HIDDEN void ipcc_cache_destroy(struct ipcc_cache *c);

@@ -6,7 +6,8 @@
  * Fixed size: a set that is full refuses (that allocation then stays mapped
  * until eviction or exit, as without the release ledger). Changes happen
  * under the table lock; the count alone is read without it, so that the
- * program's every close pays one relaxed load while the set is empty.
+ * program's every close pays one relaxed load while the set is empty. A
+ * sweep, after such a close, lets go of what went idle.
  */
 #include <string.h>
 
@@ -57,6 +58,31 @@ size_t ipcc_keyset_copy(struct ipcc_keyset *s, unsigned char (*out)[IPCC_HANDLE_
     size_t n = atomic_load_explicit(&s->n, memory_order_relaxed);
     memcpy(out, s->key, n * IPCC_HANDLE_BYTES);
     return n;
+}
+
+/*
+ * For each key, let_go really releases what is idle of it and returns the
+ * bytes still in use, *in_use set when the program still uses some; keys
+ * nothing uses any more leave the set. Takes the table lock itself, never
+ * across let_go (which calls the driver). Returns the bytes still in use.
+ */
+uint64_t ipcc_keyset_sweep(struct ipcc_keyset *s, ipcc_keyset_let_go_fn let_go, void *arg)
+{
+    unsigned char copy[IPCC_KEYSET_MAX][IPCC_HANDLE_BYTES];
+    ipcc_lock();
+    size_t n = ipcc_keyset_copy(s, copy);
+    ipcc_unlock();
+    uint64_t still = 0;
+    for (size_t i = 0; i < n; i++) {
+        int in_use = 0;
+        still += let_go(copy[i], &in_use, arg);
+        if (!in_use) {
+            ipcc_lock();
+            ipcc_keyset_remove(s, copy[i]);
+            ipcc_unlock();
+        }
+    }
+    return still;
 }
 
 void ipcc_keyset_reset(struct ipcc_keyset *s)

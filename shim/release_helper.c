@@ -100,27 +100,21 @@ static void let_go(const unsigned char *handle)
     ipcc_unlock();
 }
 
+static uint64_t let_go_of_handle(const unsigned char *handle, int *in_use, void *arg)
+{
+    (void)arg;
+    uint64_t live = close_idle_of(handle);
+    *in_use = live != 0;
+    return live;
+}
+
 /* After each close by the program: one load, unless some allocation was
  * freed while in use here; then its last close really closes it. */
 void ipcc_ghost_after_close(void)
 {
     if (ipcc_keyset_count(&doomed) == 0 || !ipcc_table())
         return;
-    unsigned char copy[IPCC_KEYSET_MAX][IPCC_HANDLE_BYTES];
-    ipcc_lock();
-    size_t n = ipcc_keyset_copy(&doomed, copy);
-    ipcc_unlock();
-    uint64_t still = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t live = close_idle_of(copy[i]);
-        still += live;
-        if (!live) {
-            ipcc_lock();
-            ipcc_keyset_remove(&doomed, copy[i]);
-            ipcc_unlock();
-        }
-    }
-    atomic_store(&ghost, still);
+    atomic_store(&ghost, ipcc_keyset_sweep(&doomed, let_go_of_handle, NULL));
 }
 
 /* ---- exporters that exited ------------------------------------------- */

@@ -145,6 +145,14 @@ void ipcc_vmm_ghost_let_go(const void *tag)
         atomic_fetch_add(&ghost, bytes);
 }
 
+static uint64_t let_go_of_tag(const unsigned char *tag, int *in_use, void *table)
+{
+    size_t live;
+    uint64_t bytes = release_idle_of(table, tag, &live);
+    *in_use = live != 0;
+    return bytes;
+}
+
 /* After the table answered a release, unmap or address free itself: one
  * load, unless an export was released while in use here; then what of it
  * went idle is released for real. */
@@ -153,19 +161,5 @@ void ipcc_vmm_ghost_after_release(void)
     struct ipcc_vmm_table *t = ipcc_vmm_table();
     if (ipcc_keyset_count(&doomed) == 0 || !t)
         return;
-    unsigned char copy[IPCC_KEYSET_MAX][IPCC_HANDLE_BYTES];
-    ipcc_lock();
-    size_t n = ipcc_keyset_copy(&doomed, copy);
-    ipcc_unlock();
-    uint64_t still = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t live;
-        still += release_idle_of(t, copy[i], &live);
-        if (!live) {
-            ipcc_lock();
-            ipcc_keyset_remove(&doomed, copy[i]);
-            ipcc_unlock();
-        }
-    }
-    atomic_store(&ghost, still);
+    atomic_store(&ghost, ipcc_keyset_sweep(&doomed, let_go_of_tag, t));
 }

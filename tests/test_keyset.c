@@ -60,3 +60,24 @@ Test(keyset, full_set_refuses_new_keys, .init = fresh, .timeout = 10)
     ipcc_keyset_reset(&set);
     cr_assert_eq(ipcc_keyset_count(&set), 0);
 }
+
+static uint64_t still_used(const unsigned char *key, int *in_use, void *arg)
+{
+    int *calls = arg;
+    (*calls)++;
+    *in_use = key[IPCC_HANDLE_BYTES - 1] % 2; /* odd keys: still in use */
+    return *in_use ? 100 : 0;
+}
+
+/* A sweep asks about every key, keeps those still in use and sums their bytes. */
+Test(keyset, sweep_keeps_what_is_still_used, .init = fresh, .timeout = 10)
+{
+    for (int i = 0; i < 5; i++)
+        ipcc_keyset_add(&set, key(i));
+    int calls = 0;
+    cr_assert_eq(ipcc_keyset_sweep(&set, still_used, &calls), 200);
+    cr_assert_eq(calls, 5);
+    cr_assert_eq(ipcc_keyset_count(&set), 2);
+    cr_assert_eq(ipcc_keyset_remove(&set, key(1)), 1);
+    cr_assert_eq(ipcc_keyset_remove(&set, key(3)), 1);
+}
