@@ -93,6 +93,7 @@ static int hand_back(struct ipcc_vmm_table *t, struct ipcc_vmm_range *r, uint64_
                      uint64_t *addr)
 {
     set_idle(t, r, 0);
+    r->blind = 0; /* a new reservation to the app: nothing of its own in it */
     r->last_ns = now_ns;
     *addr = r->addr;
     return 1;
@@ -190,6 +191,7 @@ uint64_t ipcc_vmm_reserve_mapped(struct ipcc_vmm_table *t, uint64_t raddr, uint6
         if (overlaps_tracked(t, raddr, rsize) || ipcc_vmm_reserve_track(t, raddr, rsize) < 0)
             return 0;
         r = t->res[t->nres - 1];
+        r->blind = 1; /* the app may have mapped its own memory here already */
     }
     struct ipcc_vmm_range *prev = by_serial(t, after);
     if (prev)
@@ -328,7 +330,10 @@ enum ipcc_vmm_verdict ipcc_vmm_unmap(struct ipcc_vmm_table *t, uint64_t addr, ui
     if (!r)
         return v;
     size_t first, last;
-    if (size && addr + size <= r->addr + r->size && whole_chunks(r, addr, size, 0, &first, &last)) {
+    /* Holes are unmapped, unless the range is blind: then one may hold a
+     * mapping we never saw, which the driver must unmap. */
+    if (size && addr + size <= r->addr + r->size &&
+        whole_chunks(r, addr, size, r->blind, &first, &last)) {
         for (size_t i = first; i <= last; i++)
             if (r->chunks[i].adopted)
                 chunk_adopt(t, &r->chunks[i], 0);
@@ -499,18 +504,31 @@ static void res_evict(struct ipcc_vmm_table *t, size_t index, int release_import
     res_remove(t, index);
 }
 
+/* The chunks fill r from end to end: no room for a mapping we never saw. */
+static int covered(const struct ipcc_vmm_range *r)
+{
+    uint64_t expect = r->addr;
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->chunks[i].addr != expect)
+            return 0;
+        expect += r->chunks[i].size;
+    }
+    return expect == r->addr + r->size;
+}
+
 /*
  * The app frees [addr, addr+size). DONE_OK: exactly a tracked reservation
  * with no mapping the app still sees, but kept chunks: it becomes idle.
  * INVALID: freed already. PASS: the driver answers. Exactly a tracked
  * reservation with nothing in it is forgotten now: once the driver has freed
  * it, another thread may reserve the same addresses before we could look
- * again (if the driver refuses, the range just goes uncached).
+ * again (if the driver refuses, the range just goes uncached). So is a blind
+ * one with room for a mapping we never saw, its kept chunks unmapped first:
+ * the driver decides on what the app mapped alone.
  */
 enum ipcc_vmm_verdict ipcc_vmm_free(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size,
                                     uint64_t now_ns, struct ipcc_vmm_ops *ops)
 {
-    (void)ops; /* the shape of every range call; a free never needs one */
     enum ipcc_vmm_verdict v;
     size_t index;
     struct ipcc_vmm_range *r = live_res(t, addr, &v);
@@ -518,13 +536,14 @@ enum ipcc_vmm_verdict ipcc_vmm_free(struct ipcc_vmm_table *t, uint64_t addr, uin
         return v;
     if (r->addr != addr || r->size != size)
         return IPCC_VMM_PASS;
-    if (r->n == 0 && res_at(t, addr, &index) == r) {
-        res_remove(t, index);
-        return IPCC_VMM_PASS;
-    }
     for (size_t i = 0; i < r->n; i++)
         if (r->chunks[i].adopted)
             return IPCC_VMM_PASS;
+    if ((r->n == 0 || (r->blind && !covered(r))) && res_at(t, addr, &index) == r) {
+        give_way(t, r, r->addr, r->size, ops);
+        res_remove(t, index);
+        return IPCC_VMM_PASS;
+    }
     set_idle(t, r, 1);
     r->last_ns = now_ns;
     return IPCC_VMM_DONE;

@@ -48,6 +48,7 @@ struct ipcc_vmm_range {
     uint64_t serial;                   /* never reused: names it in next */
     uint64_t next;                     /* serial of the range one thread's next rebuild used */
     int idle;
+    int blind;                         /* tracked only from a map into it: may hold mappings never seen */
     uint64_t last_ns;
     struct ipcc_vmm_chunk *chunks;     /* sorted by address */
     size_t n, cap;

@@ -375,6 +375,60 @@ Test(vmm, map_of_a_released_handle_is_refused, .timeout = 10)
     cr_assert_eq(cuMemMap(q + G, G, 0, h[1], 0), CUDA_SUCCESS);
 }
 
+/* A reservation of size the cache does not track yet (as PyTorch's, made
+ * before its imports: the import taken by an earlier reserve), an import
+ * *h and an allocation of the app's own, *own. */
+static CUdeviceptr reserved_before_imports(size_t size, CUmemGenericAllocationHandle *own,
+                                           CUmemGenericAllocationHandle *h)
+{
+    int fds[CHUNKS];
+    exporter(fds);
+    *own = create();
+    *h = import(fds[0]);
+    CUdeviceptr p = 0;
+    cr_assert_eq(cuMemAddressReserve(&p, G, 0, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemAddressFree(p, G), CUDA_SUCCESS);
+    cr_assert_eq(cuMemAddressReserve(&p, size, 0, 0, 0), CUDA_SUCCESS);
+    return p;
+}
+
+/* The cache tracks a reservation made before the imports (PyTorch's order)
+ * only from its first map of an import: a mapping of the app's own made
+ * before that is unknown to it. Unmapping the whole range really unmaps that
+ * mapping too (fuzz seed 307221). */
+Test(vmm, own_mapping_before_tracking_is_unmapped_with_the_range, .timeout = 10)
+{
+    CUmemGenericAllocationHandle own, h;
+    CUdeviceptr p = reserved_before_imports(4 * G, &own, &h);
+    cr_assert_eq(cuMemMap(p + 2 * G, G, 0, own, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(p + 3 * G, G, 0, h, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(p, G, 0, h, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemUnmap(p, 4 * G), CUDA_SUCCESS);
+    cr_assert_eq(fakevmm_maps_allocation(p + 2 * G, own), 0, "the app's own mapping stayed");
+    cr_assert_eq(cuMemAddressFree(p, 4 * G), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(own), CUDA_SUCCESS);
+}
+
+/* The same range, its import chunks unmapped one by one: the app's own
+ * mapping is still there, so freeing the range is refused as by the driver
+ * alone, and succeeds once the app unmaps it. */
+Test(vmm, own_mapping_before_tracking_keeps_the_free_refused, .timeout = 10)
+{
+    CUmemGenericAllocationHandle own, h;
+    CUdeviceptr p = reserved_before_imports(2 * G, &own, &h);
+    cr_assert_eq(cuMemMap(p + G, G, 0, own, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(p, G, 0, h, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemUnmap(p, G), CUDA_SUCCESS);
+    CUresult refused = cuMemAddressFree(p, 2 * G);
+    cr_assert_neq(refused, CUDA_SUCCESS, "freed with the app's own mapping in it");
+    cr_assert_eq(fakevmm_maps_allocation(p + G, own), 1);
+    cr_assert_eq(cuMemUnmap(p + G, G), CUDA_SUCCESS);
+    cr_assert_eq(cuMemAddressFree(p, 2 * G), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(h), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(own), CUDA_SUCCESS);
+}
+
 /* The app's calls on a range it freed get the driver's answers. */
 Test(vmm, freed_range_answers_as_freed, .timeout = 10)
 {

@@ -412,8 +412,8 @@ Test(vmm_table, reserve_first_gets_the_range_that_followed, .timeout = 10)
     add(t, 102, 3, 0xa3);
     uint64_t first = ipcc_vmm_reserve_mapped(t, R, 4 * G, R, 0xa1, 0);
     cr_assert_neq(first, 0);
-    cr_assert_eq(ipcc_vmm_reserve_mapped(t, S, 4 * G, S, 0x99, first), 0, "the app's own");
-    uint64_t second = ipcc_vmm_reserve_mapped(t, S, 4 * G, S, 0xa3, first);
+    cr_assert_eq(ipcc_vmm_reserve_mapped(t, S, G, S, 0x99, first), 0, "the app's own");
+    uint64_t second = ipcc_vmm_reserve_mapped(t, S, G, S, 0xa3, first);
     cr_assert_neq(second, 0);
     cr_assert_neq(second, first);
     ipcc_vmm_map_done(t, S, G, 0xa3);
@@ -421,14 +421,48 @@ Test(vmm_table, reserve_first_gets_the_range_that_followed, .timeout = 10)
     struct ipcc_vmm_ops ops = { 0 };
     cr_assert_eq(ipcc_vmm_unmap(t, S, G, 5, &ops), IPCC_VMM_DONE);
     cr_assert_eq(ipcc_vmm_release(t, 0xa3, 5), IPCC_RELEASE_OK);
-    cr_assert_eq(ipcc_vmm_free(t, S, 4 * G, 5, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_free(t, S, G, 5, &ops), IPCC_VMM_DONE);
     const uint64_t before[] = { 0xa1, 0xa2 }, other[] = { 0xa3 };
     uint64_t addr = 0;
     cr_assert_eq(ipcc_vmm_reserve_next(t, 2 * G, 0, before, 2, first, 9, &addr), 0, "size");
-    cr_assert_eq(ipcc_vmm_reserve_next(t, 4 * G, 0, other, 1, 0, 9, &addr), 0, "no successor");
-    cr_assert_eq(ipcc_vmm_reserve_next(t, 4 * G, 0, before, 2, 0, 9, &addr), 1,
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, other, 1, 0, 9, &addr), 0, "no successor");
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, before, 2, 0, 9, &addr), 1,
                  "found by the previous rebuild's imports alone");
     cr_assert_eq(addr, S);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* A range tracked only from a map into it may hold mappings the table never
+ * saw: an unmap with holes, or a free while a hole remains, goes to the
+ * driver (the free's kept chunks unmapped first, the range forgotten); filled
+ * end to end, it is kept as any other. */
+Test(vmm_table, blind_range_keeps_nothing_it_cannot_see, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 1, 0xa1);
+    add(t, 101, 2, 0xa2);
+    const uint64_t B = R + 128 * G, S = R + 256 * G;
+    cr_assert_neq(ipcc_vmm_reserve_mapped(t, B, 3 * G, B, 0xa1, 0), 0);
+    ipcc_vmm_map_done(t, B, G, 0xa1);
+    ipcc_vmm_map_done(t, B + 2 * G, G, 0xa2);
+    struct ipcc_vmm_ops ops = { 0 };
+    cr_assert_eq(ipcc_vmm_unmap(t, B, 3 * G, 5, &ops), IPCC_VMM_PASS, "a hole at B + G");
+    cr_assert_eq(ipcc_vmm_unmap(t, B, G, 5, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_unmap(t, B + 2 * G, G, 5, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ops.n, 0);
+    cr_assert_eq(ipcc_vmm_free(t, B, 3 * G, 5, &ops), IPCC_VMM_PASS);
+    cr_assert_eq(ops.n, 2, "both kept chunks unmapped before the driver decides");
+    cr_assert_eq(ops.v[0].op, IPCC_VMM_UNMAP);
+    cr_assert_eq(ops.v[1].op, IPCC_VMM_UNMAP);
+    cr_assert_eq(ipcc_vmm_free(t, B, 3 * G, 6, &ops), IPCC_VMM_PASS, "forgotten");
+    cr_assert_eq(ops.n, 2);
+    cr_assert_neq(ipcc_vmm_reserve_mapped(t, S, 2 * G, S, 0xa1, 0), 0);
+    ipcc_vmm_map_done(t, S, G, 0xa1);
+    ipcc_vmm_map_done(t, S + G, G, 0xa2);
+    cr_assert_eq(ipcc_vmm_unmap(t, S, 2 * G, 7, &ops), IPCC_VMM_DONE, "no hole: kept");
+    cr_assert_eq(ipcc_vmm_free(t, S, 2 * G, 7, &ops), IPCC_VMM_DONE, "filled: kept idle");
+    cr_assert_eq(ops.n, 2);
+    free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
