@@ -45,6 +45,7 @@ struct fuzz_vmm {
     struct { int res, held_uid, name; unsigned at, chunks; } map[VMM_MAPS];
     int nmap;
     CUdeviceptr last_freed; /* freed since this thread's last reserve; a hint only */
+    unsigned last_freed_chunks; /* its size */
     uint64_t serials[VMM_NAMES];
     unsigned name_chunks[VMM_NAMES];
     int nnames;
