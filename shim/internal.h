@@ -467,6 +467,7 @@ IPCC_HIDDEN size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id);
 /* ---- lifecycle.c --------------------------------------------------------- */
 
 IPCC_HIDDEN void ipcc_lifecycle_start(void);
+IPCC_HIDDEN void ipcc_atexit(void (*fn)(void));
 
 /* ---- lock.c -------------------------------------------------------------- */
 

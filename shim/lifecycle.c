@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -78,6 +79,18 @@ static void at_exit(void)
     ipcc_release_all_idle(); /* both kinds */
 }
 
+/* atexit() holds glibc's lock of the exit handlers, which exit() takes too:
+ * a signal handler that calls exit() while this thread is inside atexit()
+ * would wait for it forever. Signals wait the instant it takes instead. */
+void ipcc_atexit(void (*fn)(void))
+{
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &saved);
+    atexit(fn);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+}
+
 /* ---- start -------------------------------------------------------------- */
 
 static void log_start(void)
@@ -104,7 +117,7 @@ static void start(void)
         return;
     }
     ipcc_stats_install_handler();
-    atexit(at_exit);
+    ipcc_atexit(at_exit);
     log_start();
 }
 

@@ -136,6 +136,6 @@ int ipcc_marker_write(int sig, const char *request_dir)
         return -1;
     atomic_store(&marker_pid, pid);
     if (!atomic_exchange(&remove_registered, 1))
-        atexit(remove_marker);
+        ipcc_atexit(remove_marker);
     return 0;
 }

@@ -261,7 +261,7 @@ static int my_slot(void)
     if (s < 0)
         return -2;
     atomic_store(&slot, s);
-    atexit(unregister_at_exit);
+    ipcc_atexit(unregister_at_exit);
     start_helper(s);
     return s;
 }

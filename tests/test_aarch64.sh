@@ -87,12 +87,14 @@ for kind in next handle getproc resolver; do
         has interposer_opens=10 && has open_calls=1 && [ $rc -eq 0 ]'
 done
 
+# Under emulation start-up is slow enough for the timer to fire inside it
+# too, where atexit() once held the lock exit() needs (about 1 run in 15).
 hung=0
-for i in $(seq 10); do
+for i in $(seq 30); do
     guest "$build/tests/probe" exitsignal
     [ $rc -eq 0 ] || hung=$((hung + 1))
 done
-check "exit() from a signal handler, 10 runs" eval '[ $hung -eq 0 ]'
+check "exit() from a signal handler, 30 runs" eval '[ $hung -eq 0 ]'
 
 guest "$build/tests/probe" dlclose
 check "the driver dlclosed before exit" eval 'has dlclose_rc=0 && quiet && [ $rc -eq 0 ]'
