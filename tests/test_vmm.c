@@ -136,15 +136,24 @@ Test(vmm, fabric_handle_bytes_are_the_identity, .timeout = 10)
     cr_assert_eq(vmm().imports - before, 2);
 }
 
+/* Two imports of fd both reach the driver: two handles, each released. */
+static void expect_two_driver_imports(int fd)
+{
+    uint64_t before = vmm().imports;
+    CUmemGenericAllocationHandle a = import(fd), b = import(fd);
+    cr_assert_neq(a, b);
+    cr_assert_eq(vmm().imports - before, 2);
+    cr_assert_eq(cuMemRelease(a), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(b), CUDA_SUCCESS);
+}
+
 /* IPCCACHE_DISABLE: every import is the driver's. */
 Test(vmm, disabled_imports_every_time, .timeout = 10)
 {
     setenv("IPCCACHE_DISABLE", "1", 1);
     int fds[CHUNKS];
     exporter(fds);
-    uint64_t before = vmm().imports;
-    cr_assert_neq(import(fds[0]), import(fds[0]));
-    cr_assert_eq(vmm().imports - before, 2);
+    expect_two_driver_imports(fds[0]);
 }
 
 /* IPCCACHE_VMM=0: every import is the driver's, and legacy IPC is still cached. */
@@ -153,12 +162,7 @@ Test(vmm, vmm_off_imports_every_time_legacy_still_cached, .timeout = 10)
     setenv("IPCCACHE_VMM", "0", 1);
     int fds[CHUNKS];
     exporter(fds);
-    uint64_t before = vmm().imports;
-    CUmemGenericAllocationHandle a = import(fds[0]), b = import(fds[0]);
-    cr_assert_neq(a, b);
-    cr_assert_eq(vmm().imports - before, 2);
-    cr_assert_eq(cuMemRelease(a), CUDA_SUCCESS);
-    cr_assert_eq(cuMemRelease(b), CUDA_SUCCESS);
+    expect_two_driver_imports(fds[0]);
     tu_context();
     CUipcMemHandle h = tu_handle(7, 1 << 20);
     uint64_t maps = tu_driver().maps;
@@ -182,12 +186,7 @@ Test(vmm, kcmp_refused_passes_through, .timeout = 10, .init = cr_redirect_stderr
     cr_assert_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0);
     int fds[CHUNKS];
     exporter(fds);
-    uint64_t before = vmm().imports;
-    CUmemGenericAllocationHandle a = import(fds[0]), b = import(fds[0]);
-    cr_assert_neq(a, b);
-    cr_assert_eq(vmm().imports - before, 2);
-    cr_assert_eq(cuMemRelease(a), CUDA_SUCCESS);
-    cr_assert_eq(cuMemRelease(b), CUDA_SUCCESS);
+    expect_two_driver_imports(fds[0]);
     expect_no_stale_handles();
     import(fds[1]);
     fflush(stderr);
