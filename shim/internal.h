@@ -245,6 +245,8 @@ IPCC_HIDDEN void ipcc_vmm_fork_child(void);  /* forgets this thread's recent imp
 IPCC_HIDDEN int ipcc_vmm_kcmp(int fd_a, int fd_b);  /* an ipcc_vmm_cmp_fn */
 IPCC_HIDDEN int ipcc_vmm_id_of(struct ipcc_vmm_id *id, void *os_handle, int type);
 IPCC_HIDDEN int ipcc_vmm_identity_works(const struct ipcc_vmm_id *id);
+IPCC_HIDDEN void ipcc_vmm_identity_fork_child(void); /* forgets the pid kcmp uses */
+IPCC_HIDDEN int32_t ipcc_vmm_self_pid(void);         /* getpid, asked once per process */
 
 /* ---- vmm_evict.c: really releasing what the VMM table gave up ---------- */
 
@@ -546,7 +548,9 @@ IPCC_HIDDEN void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t h
 IPCC_HIDDEN void ipcc_vmm_ghost_let_go(const void *tag);
 IPCC_HIDDEN void ipcc_vmm_ghost_after_release(void);
 IPCC_HIDDEN uint64_t ipcc_vmm_ghost_bytes(void);
-/* ledger.c: the first listed export match() accepts; 1 with it copied. */
+/* ledger.c: the first listed export match() accepts (returns 1); 1 with it
+ * copied. match returns -1 when the owner no longer exists: the entry is
+ * freed, so that later scans skip it. */
 IPCC_HIDDEN int ipcc_ledger_publish_tag(const void *tag);
 IPCC_HIDDEN int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner,
                                                      const void *handle, void *arg),

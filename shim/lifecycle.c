@@ -47,6 +47,7 @@ static void after_fork_child(void)
     ipcc_tables_fork_child();
     ipcc_closing_reset();
     ipcc_vmm_fork_child();
+    ipcc_vmm_identity_fork_child();
     ipcc_stats_reset();
     ipcc_contexts_changing();
 }

@@ -21,11 +21,30 @@
 
 static _Atomic int kcmp_refused;
 
+/* Our pid, asked once: an import hit is one kcmp, not a getpid as well.
+ * A fork child asks again (lifecycle.c calls ipcc_vmm_identity_fork_child). */
+static _Atomic pid_t self_pid;
+
+void ipcc_vmm_identity_fork_child(void)
+{
+    atomic_store_explicit(&self_pid, 0, memory_order_relaxed);
+}
+
+int32_t ipcc_vmm_self_pid(void)
+{
+    pid_t pid = atomic_load_explicit(&self_pid, memory_order_relaxed);
+    if (pid == 0) {
+        pid = getpid();
+        atomic_store_explicit(&self_pid, pid, memory_order_relaxed);
+    }
+    return pid;
+}
+
 /* kcmp orders open file descriptions (1: a < b, 2: a > b, 3: unordered). */
 int ipcc_vmm_kcmp(int a, int b)
 {
     int saved_errno = errno; /* the app's */
-    pid_t pid = getpid();
+    pid_t pid = ipcc_vmm_self_pid();
     long r = syscall(SYS_kcmp, pid, pid, KCMP_FILE, a, b);
     int why = errno;
     errno = saved_errno;

@@ -218,13 +218,19 @@ static void remove_at(struct ipcc_vmm_import **arr, size_t n, size_t at)
 
 /* A rebuild imports a segment's chunks in the same order every time, and a
  * weight sync its tensors' segments: the import found after m last time is
- * most likely the one asked for after m now. One comparison confirms it
- * (the identity stays exact); a wrong guess costs that one comparison. */
+ * most likely the one asked for after m now. Two neighbouring tensors share
+ * a chunk, and so import it twice in a row: m itself is the second guess.
+ * One comparison confirms a guess (the identity stays exact); wrong guesses
+ * cost one comparison each before the search. */
 static struct ipcc_vmm_import *predicted(const struct ipcc_vmm_table *t,
                                          const struct ipcc_vmm_id *id)
 {
-    struct ipcc_vmm_import *m = t->last_found ? t->last_found->next_found : NULL;
-    return m && id_order(t, id, &m->id) == 0 ? m : NULL;
+    struct ipcc_vmm_import *last = t->last_found;
+    if (!last)
+        return NULL;
+    if (last->next_found && id_order(t, id, &last->next_found->id) == 0)
+        return last->next_found;
+    return last != last->next_found && id_order(t, id, &last->id) == 0 ? last : NULL;
 }
 
 static void note_found(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m)

@@ -244,7 +244,16 @@ static int open_fds(void)
     return n;
 }
 
-/* A fork child forgets the parent's imports and closes their kept fds. */
+static CUresult import_rc(int fd, CUmemGenericAllocationHandle *h)
+{
+    return cuMemImportFromShareableHandle(h, (void *)(intptr_t)fd,
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+}
+
+/* A fork child forgets the parent's imports and closes their kept fds, and
+ * compares files in its own fd table: the kept dup of its first import gets
+ * the number the parent's kept dup has in the parent, which a comparison in
+ * the parent's table would take for the parent's import. */
 Test(vmm, fork_child_starts_empty, .timeout = 10)
 {
     int fds[CHUNKS];
@@ -256,10 +265,10 @@ Test(vmm, fork_child_starts_empty, .timeout = 10)
         if (open_fds() != in_parent - 1)
             _exit(2);
         uint64_t before = vmm().imports;
-        CUmemGenericAllocationHandle h = 0;
-        int rc = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fds[0],
-                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        _exit(rc == CUDA_SUCCESS && vmm().imports == before + 1 ? 0 : 1);
+        CUmemGenericAllocationHandle a = 0, b = 0;
+        if (import_rc(fds[1], &a) != CUDA_SUCCESS || import_rc(fds[0], &b) != CUDA_SUCCESS)
+            _exit(3);
+        _exit(vmm().imports == before + 2 && a != b ? 0 : 1);
     }
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);

@@ -145,6 +145,34 @@ Test(vmm_table, repeated_order_takes_one_comparison_each, .timeout = 10)
     ipcc_vmm_table_destroy(t, NULL);
 }
 
+/* A weight sync's tensors share their boundary chunks: each rebuild imports
+ * [first..last], the next one [last..], so a chunk comes twice in a row.
+ * Once the order is known, every import still takes one comparison, or two
+ * for the second of a pair - never a search. */
+Test(vmm_table, chunk_shared_by_neighbours_is_predicted, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    enum { CHUNKS = 100, SPAN = 4 };
+    for (int i = 0; i < CHUNKS; i++)
+        add(t, 1000 + i, 500 + i, 0x1000 + (uint64_t)i);
+    uint64_t h = 0;
+    int imports = 0, repeats = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        compares = 0;
+        imports = repeats = 0;
+        for (int first = 0; first + SPAN <= CHUNKS; first += SPAN - 1) {
+            for (int i = first; i < first + SPAN; i++, imports++) {
+                cr_assert_eq(find(t, 9, 500 + i, &h), 1);
+                cr_assert_eq(h, 0x1000 + (uint64_t)i);
+            }
+            repeats += first > 0;
+        }
+    }
+    cr_assert_eq(compares, imports + repeats, "%d comparisons for %d imports, %d repeated",
+                 compares, imports, repeats);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
 /* Descriptions the comparator cannot order are still found, by a scan. */
 Test(vmm_table, unordered_descriptions_are_scanned, .timeout = 10)
 {
