@@ -308,7 +308,12 @@ int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
 }
 
 /* Walks every listed export (the VMM path, whose importer knows no handle,
- * only an fd to compare): the first one match() accepts is copied out. */
+ * only an fd to compare): the first one match() accepts is copied out.
+ * Entries of exporters killed before they could unlist would otherwise cost
+ * every later scan a system call each, until an export hashed there: match
+ * finds them gone and they are freed. Only the pid word is cleared, and only
+ * if it still names the dead owner: whoever claimed the entry meanwhile keeps
+ * it (a claim resets ready itself). */
 int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const void *handle,
                                          void *arg),
                             void *arg, void *handle, struct ipcc_proc *owner)
@@ -323,8 +328,13 @@ int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const vo
         *owner = (struct ipcc_proc){ .pid = pid, .start = atomic_load(&e->start) };
         memcpy(handle, e->handle, IPCC_HANDLE_BYTES);
         /* The copy counts only if the entry did not change hands meanwhile. */
-        if (atomic_load(&e->ready) && atomic_load(&e->pid) == pid && match(owner, handle, arg))
+        if (!atomic_load(&e->ready) || atomic_load(&e->pid) != pid)
+            continue;
+        int verdict = match(owner, handle, arg);
+        if (verdict > 0)
             return 1;
+        if (verdict < 0)
+            atomic_compare_exchange_strong(&e->pid, &pid, 0);
     }
     return 0;
 }

@@ -68,19 +68,21 @@ struct candidate {
     int guessed;  /* only the guess is compared */
 };
 
-/* A listed VMM export of another process whose fd is our fd's file. */
+/* A listed VMM export of another process whose fd is our fd's file: 1;
+ * -1 when its exporter no longer exists (the ledger then frees the entry). */
 static int same_file(const struct ipcc_proc *owner, const void *tag, void *arg)
 {
     const struct candidate *c = arg;
     int theirs = ipcc_vmm_tag_fd(tag);
-    pid_t me = getpid();
+    pid_t me = ipcc_vmm_self_pid();
     if (theirs < 0 || owner->pid == me ||
         (c->guessed && (owner->pid != next_guess.pid || theirs != next_guess.fd)))
         return 0;
     int saved_errno = errno; /* the app's */
     long r = syscall(SYS_kcmp, (pid_t)owner->pid, me, KCMP_FILE, theirs, c->fd);
+    int gone = r < 0 && errno == ESRCH;
     errno = saved_errno;
-    return r == 0;
+    return r == 0 ? 1 : gone ? -1 : 0;
 }
 
 static int find_export(int fd, unsigned char *tag, struct ipcc_proc *owner)

@@ -789,3 +789,39 @@ Test(ghost, vmm_each_export_is_told_apart, .timeout = 60)
     finish(&imp);
     finish(&exp);
 }
+
+/* How many of the ledger's export entries name pid. */
+static int ledger_entries_of(pid_t pid)
+{
+    char *path = format("%s/ipccache/" IPCC_LEDGER_NAME, tmpdir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "no ledger at %s", path);
+    struct ipcc_ledger_file *f = mmap(NULL, sizeof(*f), PROT_READ, MAP_SHARED, fd, 0);
+    cr_assert_neq(f, MAP_FAILED);
+    int n = 0;
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+        n += atomic_load(&f->exports[i].pid) == pid;
+    munmap(f, sizeof(*f));
+    close(fd);
+    free(path);
+    return n;
+}
+
+Test(ghost, vmm_import_miss_frees_a_killed_exporters_entries, .timeout = 40)
+{
+    /* An exporter killed with its exports listed: the next import miss that scans the ledger frees their entries, so later scans skip them. */
+    struct peer killed, exp, imp;
+    start(&killed, "killed", NULL);
+    for (int i = 0; i < 3; i++)
+        vmm_export(&killed, 2 * MIB);
+    pid_t gone = killed.pid;
+    cr_assert_eq(ledger_entries_of(gone), 3);
+    kill_peer(&killed);
+    start(&exp, "exporter", ENV("IPCCACHE_DISABLE=1")); /* lists nothing: the scan covers every entry */
+    start(&imp, "importer", NULL);
+    struct vmm_exported e = vmm_export(&exp, 2 * MIB);
+    vmm_import(&imp, &e, 1);
+    cr_assert_eq(ledger_entries_of(gone), 0, "the killed exporter's entries are still listed");
+    finish(&imp);
+    finish(&exp);
+}

@@ -236,6 +236,42 @@ Test(ledger, dead_exporters_entries_are_reused)
     cr_assert_eq(ipcc_ledger_publish(h), 0);
 }
 
+/* What the VMM importer's match says of an entry: its owner gone (-1) when
+ * it is the dead pid, else no match. */
+static pid_t gone_pid;
+static int scans;
+
+static int gone_or_other(const struct ipcc_proc *owner, const void *handle, void *arg)
+{
+    (void)handle;
+    (void)arg;
+    scans++;
+    return owner->pid == gone_pid ? -1 : 0;
+}
+
+Test(ledger, scan_frees_entries_of_exporters_gone)
+{
+    /* An exporter killed before it could unlist its exports costs one scan, not every scan after it. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    gone_pid = reaped_child();
+    for (int i = 0; i < 100; i++) {
+        struct ipcc_ledger_export *e = &f->exports[i];
+        atomic_store(&e->pid, i % 2 ? gone_pid : getppid());
+        atomic_store(&e->ready, 1);
+    }
+    unsigned char tag[IPCC_HANDLE_BYTES];
+    struct ipcc_proc owner;
+    scans = 0;
+    cr_assert_eq(ipcc_ledger_find_export(gone_or_other, NULL, tag, &owner), 0);
+    cr_assert_eq(scans, 100);
+    scans = 0;
+    cr_assert_eq(ipcc_ledger_find_export(gone_or_other, NULL, tag, &owner), 0);
+    cr_assert_eq(scans, 50, "%d entries asked again", scans);
+    for (int i = 0; i < 100; i++)
+        cr_assert_eq(atomic_load(&f->exports[i].pid), i % 2 ? 0 : getppid());
+}
+
 Test(ledger, unlisted_vmm_tag_leaves_importers_as_they_are, .timeout = 10)
 {
     /* A VMM export's tag the full table cannot take is not listed, and importers of legacy handles are not told to listen to everyone. */
