@@ -50,7 +50,7 @@ else
     REPS=${BENCH_REPS:-3}
     IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
     SG_ARGS=(--warmup 50 --requests 500 --rate-requests 500 --rate 200)
-    VMM_ITERS=200 TORCH_ARGS=(--features 500 --steps 30 --warmup 5) GHOST_ITERS=200
+    VMM_ITERS=200 TORCH_ARGS=(--features 500 --steps 60 --warmup 5) GHOST_ITERS=200
 fi
 RUN_TIMEOUT=300
 

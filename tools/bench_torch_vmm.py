@@ -24,7 +24,8 @@ one run on the same producer memory.
            shares all of them in one message; the engine rebuilds them, copies
            each into its own weights, synchronizes, checks the mark, drops
            them and acks. Per step: median trainer time from share to ack;
-           steps/s over the timed steps.
+           steps/s over the timed steps; the trainer's share (pickling)
+           and the engine's rebuild / copy / drop medians beside.
 
 Output: one JSON file (--out) with every phase's figures and, when
 IPCCACHE_STATS_FILE is given (with %p), the consumer's stats line; a short
@@ -87,7 +88,7 @@ def consumer_main(conn, device):
     out = torch.empty(FEATURE_BYTES, dtype=torch.uint8, device=device)
     weights = None
     times, bad = {"step": []}, 0
-    for prefix in ("", "idle_"):
+    for prefix in ("", "idle_", "rl_"):
         for part in ("rebuild", "use", "release", "feature"):
             times[prefix + part] = []
     torch.cuda.synchronize()
@@ -124,6 +125,9 @@ def consumer_main(conn, device):
             times[prefix + "feature"].append(t3 - t0)
         elif timed:
             times["step"].append(t3 - t0)
+            times["rl_rebuild"].append(t1 - t0)
+            times["rl_use"].append(t2 - t1)
+            times["rl_release"].append(t3 - t2)
         conn.send("ack")
     conn.send({"pid": os.getpid(), "bad": bad, "times": times})
 
@@ -164,11 +168,12 @@ def run_features(torch, pool, conn, a, busy):
 
 
 def run_rl(torch, params, conn, a):
-    """One message of every parameter per step; returns trainer seconds per timed step."""
+    """One message of every parameter per step; returns trainer seconds per
+    timed step, the share (pickling) part of each, and the timed wall time."""
     from multiprocessing.reduction import ForkingPickler
 
     request(conn, ("rl_shapes", 0, [tuple(p.shape) for p in params], False), a.timeout)
-    steps, begun = [], None
+    steps, shares, begun = [], [], None
     for i in range(a.warmup + a.steps):
         mark = i % 200 + 1  # exact in bf16
         params[0][0, 0] = mark
@@ -176,10 +181,13 @@ def run_rl(torch, params, conn, a):
         if i == a.warmup:
             begun = time.perf_counter()
         t0 = time.perf_counter()
-        request(conn, ("rl", mark, bytes(ForkingPickler.dumps(params)), i >= a.warmup), a.timeout)
+        payload = bytes(ForkingPickler.dumps(params))
+        shared = time.perf_counter()
+        request(conn, ("rl", mark, payload, i >= a.warmup), a.timeout)
         if i >= a.warmup:
             steps.append(time.perf_counter() - t0)
-    return steps, time.perf_counter() - begun
+            shares.append(shared - t0)
+    return steps, shares, time.perf_counter() - begun
 
 
 def spawn(ctx, device, shim, a, tag):
@@ -222,13 +230,18 @@ def run_phase(torch, a, pool, params, consumer, label, shim, device):
     run_features(torch, pool, conn, a, busy=True)
     run_features(torch, pool, conn, a, busy=False)
     if params is not None:
-        steps, wall = run_rl(torch, params, conn, a)
+        steps, shares, wall = run_rl(torch, params, conn, a)
         row.update(step_ms_p50=round(statistics.median(steps) * 1e3, 2),
+                   share_ms_p50=round(statistics.median(shares) * 1e3, 2),
                    step_ms_p99=round(p99_us(steps) / 1e3, 2),
                    steps_per_s=round(len(steps) / wall, 2), steps=len(steps))
     report = request(conn, None, a.timeout)
     proc.join(a.timeout)
     t = report["times"]
+    if t["rl_rebuild"]:
+        row.update(rl_rebuild_ms_p50=round(statistics.median(t["rl_rebuild"]) * 1e3, 2),
+                   rl_use_ms_p50=round(statistics.median(t["rl_use"]) * 1e3, 2),
+                   rl_release_ms_p50=round(statistics.median(t["rl_release"]) * 1e3, 2))
     row.update(feature_us_p50=median_us(t["feature"]), feature_us_p99=p99_us(t["feature"]),
                rebuild_us_p50=median_us(t["rebuild"]), use_us_p50=median_us(t["use"]),
                release_us_p50=median_us(t["release"]), features=len(t["feature"]),

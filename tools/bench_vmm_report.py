@@ -197,14 +197,23 @@ def feature_table(res, verdicts, prefix, what):
     return md
 
 
+def rl_parts(row):
+    keys = ("share_ms_p50", "rl_rebuild_ms_p50", "rl_use_ms_p50", "rl_release_ms_p50")
+    if not all(k in row for k in keys):
+        return "-"
+    return " / ".join("%.2f ms" % row[k] for k in keys)
+
+
 def rl_markdown(res, verdicts):
     any_res = next(iter(res.values()), {})
     md = ["", "RL weight sync: the trainer shares %d parameter tensors (%.2f GiB) every step; the engine "
           "rebuilds them, copies each into its own weights and drops them. Median per step (trainer's "
-          "share to engine's ack) and steps/s:" % (any_res.get("rl_tensors", 0),
+          "share to engine's ack) and steps/s; B's step in parts beside: the trainer's share "
+          "(pickling), the engine's rebuild, copy and drop:" % (any_res.get("rl_tensors", 0),
                                                    any_res.get("rl_bytes", 0) / 2**30), "",
-          "| allocator | engine | A1 no cache | B cache | A2 no cache | no cache / cache |",
-          "| --- | --- | --- | --- | --- | --- |"]
+          "| allocator | engine | A1 no cache | B cache | A2 no cache | no cache / cache "
+          "| B: share / rebuild / copy / drop |",
+          "| --- | --- | --- | --- | --- | --- | --- |"]
     step = {}
     for alloc in ("legacy", "expandable"):
         for dev in torch_devices(res):
@@ -215,7 +224,7 @@ def rl_markdown(res, verdicts):
             step[alloc, dev] = (off, rows[1]["step_ms_p50"])
             md.append("| %s | GPU %d | %s |" % (alloc, dev, " | ".join(
                 "%.1f ms, %.1f steps/s" % (r["step_ms_p50"], r["steps_per_s"]) for r in rows)
-                + " | %.2fx" % (off / rows[1]["step_ms_p50"])))
+                + " | %.2fx | %s" % (off / rows[1]["step_ms_p50"], rl_parts(rows[1]))))
     for dev in torch_devices(res):
         if ("legacy", dev) in step and ("expandable", dev) in step:
             ratio = step["expandable", dev][1] / step["legacy", dev][1]
