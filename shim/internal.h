@@ -135,6 +135,11 @@ struct ipcc_vmm_id {
 #define IPCC_VMM_CMP_FAILED (-2)
 typedef int (*ipcc_vmm_cmp_fn)(int fd_a, int fd_b);
 
+/* Whether two fds name one open file description: 1 yes, 0 no, -1 cannot
+ * tell here (the comparator answers then). Cheaper than ordering them: what
+ * checks a guess. */
+typedef int (*ipcc_vmm_same_fn)(int fd_a, int fd_b);
+
 /* Real driver work a table decision needs, run in order outside the lock. */
 enum ipcc_vmm_op { IPCC_VMM_UNMAP, IPCC_VMM_FREE, IPCC_VMM_RELEASE };
 struct ipcc_vmm_victim {
@@ -170,7 +175,7 @@ struct ipcc_vmm_gauges {
 
 struct ipcc_vmm_table;
 
-IPCC_HIDDEN struct ipcc_vmm_table *ipcc_vmm_table_create(ipcc_vmm_cmp_fn cmp);
+IPCC_HIDDEN struct ipcc_vmm_table *ipcc_vmm_table_create(ipcc_vmm_cmp_fn cmp, ipcc_vmm_same_fn same);
 IPCC_HIDDEN void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)(int));
 IPCC_HIDDEN void ipcc_vmm_table_destroy(struct ipcc_vmm_table *t, void (*close_fd)(int));
 IPCC_HIDDEN const struct ipcc_vmm_gauges *ipcc_vmm_table_gauges(const struct ipcc_vmm_table *t);
@@ -243,6 +248,7 @@ IPCC_HIDDEN void ipcc_vmm_fork_child(void);  /* forgets this thread's recent imp
 /* ---- vmm_identity.c: what identifies an export -------------------------- */
 
 IPCC_HIDDEN int ipcc_vmm_kcmp(int fd_a, int fd_b);  /* an ipcc_vmm_cmp_fn */
+IPCC_HIDDEN int ipcc_vmm_same_file(int fd_a, int fd_b); /* an ipcc_vmm_same_fn */
 IPCC_HIDDEN int ipcc_vmm_id_of(struct ipcc_vmm_id *id, void *os_handle, int type);
 IPCC_HIDDEN int ipcc_vmm_identity_works(const struct ipcc_vmm_id *id);
 IPCC_HIDDEN void ipcc_vmm_identity_fork_child(void); /* forgets the pid kcmp uses */

@@ -33,7 +33,7 @@ int ipcc_tables_start(void)
 
 static void create_vmm(void)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table_create(ipcc_vmm_kcmp);
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(ipcc_vmm_kcmp, ipcc_vmm_same_file);
     if (!t)
         ipcc_log(IPCC_LOG_WARN, "out of memory; VMM imports are not cached");
     atomic_store(&vmm, t);

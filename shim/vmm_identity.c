@@ -5,11 +5,13 @@
  * apart, every import of one gets a new handle, and a freed export's fd
  * number comes back for the next (measured). Only the open file description
  * identifies it, and kcmp(KCMP_FILE) compares descriptions - and orders them,
- * which lets the table binary-search its kept dups. A fabric handle is its
- * 64 bytes.
+ * which lets the table binary-search its kept dups; fcntl(F_DUPFD_QUERY)
+ * only compares, more cheaply: it checks the table's guesses. A fabric
+ * handle is its 64 bytes.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/kcmp.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -59,6 +61,31 @@ int ipcc_vmm_kcmp(int a, int b)
         ipcc_log(IPCC_LOG_INFO, "kcmp is refused here (%s); VMM imports are not cached",
                  why == ENOSYS ? "ENOSYS" : "EPERM");
     return IPCC_VMM_CMP_FAILED;
+}
+
+#ifndef F_DUPFD_QUERY
+#define F_DUPFD_QUERY 1027 /* Linux 6.10 */
+#endif
+
+static _Atomic int query_missing;
+
+/* One fcntl(F_DUPFD_QUERY) says whether two of our fds name one open file
+ * description: a quarter of kcmp's cost (no other process to look up or
+ * check), and no ordering, which only the search needs. -1 on a kernel
+ * without it (asked once) or a bad fd: kcmp answers then. */
+int ipcc_vmm_same_file(int a, int b)
+{
+    if (atomic_load_explicit(&query_missing, memory_order_relaxed))
+        return -1;
+    int saved_errno = errno; /* the app's */
+    int r = fcntl(a, F_DUPFD_QUERY, b);
+    int why = errno;
+    errno = saved_errno;
+    if (r >= 0)
+        return r > 0;
+    if (why == EINVAL)
+        atomic_store_explicit(&query_missing, 1, memory_order_relaxed);
+    return -1;
 }
 
 /* Whether kcmp answers here, asked once on the app's own fd (a bad fd says

@@ -72,11 +72,14 @@ int ipcc_vmm_ops_push(struct ipcc_vmm_ops *o, enum ipcc_vmm_op op, uint64_t addr
 
 /* ---- create, clear ------------------------------------------------------ */
 
-struct ipcc_vmm_table *ipcc_vmm_table_create(ipcc_vmm_cmp_fn cmp)
+/* same may be NULL: the comparator then checks guesses too. */
+struct ipcc_vmm_table *ipcc_vmm_table_create(ipcc_vmm_cmp_fn cmp, ipcc_vmm_same_fn same)
 {
     struct ipcc_vmm_table *t = calloc(1, sizeof(*t));
-    if (t)
+    if (t) {
         t->cmp = cmp;
+        t->same = same;
+    }
     return t;
 }
 
@@ -216,6 +219,19 @@ static void remove_at(struct ipcc_vmm_import **arr, size_t n, size_t at)
 
 /* ---- prediction --------------------------------------------------------- */
 
+/* Whether id is m's identity: one equality test (fcntl), where the kernel
+ * has one, else the ordering comparator (kcmp, dearer). */
+static int is_import(const struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
+                     const struct ipcc_vmm_import *m)
+{
+    if (t->same && !id->fabric && !m->id.fabric) {
+        int same = t->same(id->fd, m->id.fd);
+        if (same >= 0)
+            return same;
+    }
+    return id_order(t, id, &m->id) == 0;
+}
+
 /* A rebuild imports a segment's chunks in the same order every time, and a
  * weight sync its tensors' segments: the import found after m last time is
  * most likely the one asked for after m now. Two neighbouring tensors share
@@ -228,9 +244,9 @@ static struct ipcc_vmm_import *predicted(const struct ipcc_vmm_table *t,
     struct ipcc_vmm_import *last = t->last_found;
     if (!last)
         return NULL;
-    if (last->next_found && id_order(t, id, &last->next_found->id) == 0)
+    if (last->next_found && is_import(t, id, last->next_found))
         return last->next_found;
-    return last != last->next_found && id_order(t, id, &last->id) == 0 ? last : NULL;
+    return last != last->next_found && is_import(t, id, last) ? last : NULL;
 }
 
 static void note_found(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m)

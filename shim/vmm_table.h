@@ -56,6 +56,7 @@ struct ipcc_vmm_range {
 
 struct ipcc_vmm_table {
     ipcc_vmm_cmp_fn cmp;
+    ipcc_vmm_same_fn same;             /* NULL: cmp checks guesses too */
     struct ipcc_vmm_import **by_id, **by_handle;
     struct ipcc_vmm_import *last_found; /* the import found or recorded last */
     size_t nimports, capimports, caphandles;

@@ -41,7 +41,7 @@ static struct ipcc_vmm_id fd_id(int fd, int description)
 
 static struct ipcc_vmm_table *table(void)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table_create(cmp_desc);
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(cmp_desc, NULL);
     cr_assert_not_null(t);
     return t;
 }
@@ -176,7 +176,7 @@ Test(vmm_table, chunk_shared_by_neighbours_is_predicted, .timeout = 10)
 /* Descriptions the comparator cannot order are still found, by a scan. */
 Test(vmm_table, unordered_descriptions_are_scanned, .timeout = 10)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table_create(cmp_unordered);
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(cmp_unordered, NULL);
     for (int i = 0; i < 20; i++)
         add(t, 200 + i, 50 + i, 0x200 + (uint64_t)i);
     uint64_t h = 0;
@@ -610,5 +610,45 @@ Test(vmm_table, take_idle_by_tag_leaves_what_the_app_uses, .timeout = 10)
     cr_assert_eq(ops.v[1].op, IPCC_VMM_RELEASE);
     cr_assert_eq(ops.v[1].handle, 0xa2);
     free(ops.v);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* The equality test the library has (fcntl F_DUPFD_QUERY) checks the guesses
+ * instead of the ordering comparator; where it cannot tell (-1: an older
+ * kernel), the comparator does. */
+static int equalities;
+static int cannot_tell;
+
+static int same_desc(int a, int b)
+{
+    equalities++;
+    return cannot_tell ? -1 : desc[a] == desc[b];
+}
+
+Test(vmm_table, guesses_are_checked_by_the_equality_test, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(cmp_desc, same_desc);
+    cr_assert_not_null(t);
+    for (int i = 0; i < 64; i++)
+        add(t, 1000 + i, 500 + i, 0x1000 + (uint64_t)i);
+    uint64_t h = 0;
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq(find(t, 9, 500 + i, &h), 1);
+    compares = equalities = 0;
+    for (int i = 0; i < 64; i++) {
+        cr_assert_eq(find(t, 9, 500 + i, &h), 1);
+        cr_assert_eq(h, 0x1000 + (uint64_t)i);
+    }
+    cr_assert_eq(equalities, 64, "%d equality tests for 64 imports", equalities);
+    cr_assert_eq(compares, 0, "%d ordering comparisons", compares);
+    cr_assert_eq(find(t, 9, 9999, &h), 0, "a description never imported");
+    cannot_tell = 1;
+    compares = 0;
+    for (int i = 0; i < 64; i++) {
+        cr_assert_eq(find(t, 9, 500 + i, &h), 1);
+        cr_assert_eq(h, 0x1000 + (uint64_t)i);
+    }
+    cannot_tell = 0;
+    cr_assert_eq(compares, 64, "%d comparisons once the equality test cannot tell", compares);
     ipcc_vmm_table_destroy(t, NULL);
 }
