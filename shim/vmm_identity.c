@@ -71,8 +71,9 @@ static _Atomic int query_missing;
 
 /* One fcntl(F_DUPFD_QUERY) says whether two of our fds name one open file
  * description: a quarter of kcmp's cost (no other process to look up or
- * check), and no ordering, which only the search needs. -1 on a kernel
- * without it (asked once) or a bad fd: kcmp answers then. */
+ * check), and no ordering, which only the search needs. -1 on a bad fd, or
+ * where it is unknown or refused (a kernel before 6.10, a seccomp filter:
+ * not asked again): kcmp answers then. */
 int ipcc_vmm_same_file(int a, int b)
 {
     if (atomic_load_explicit(&query_missing, memory_order_relaxed))
@@ -83,7 +84,7 @@ int ipcc_vmm_same_file(int a, int b)
     errno = saved_errno;
     if (r >= 0)
         return r > 0;
-    if (why == EINVAL)
+    if (why != EBADF)
         atomic_store_explicit(&query_missing, 1, memory_order_relaxed);
     return -1;
 }

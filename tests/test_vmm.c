@@ -199,6 +199,39 @@ Test(vmm, kcmp_refused_passes_through, .timeout = 10, .init = cr_redirect_stderr
                    said);
 }
 
+/* Where fcntl(F_DUPFD_QUERY) is refused or unknown (a kernel before 6.10),
+ * kcmp checks the guesses: a rebuild is still all hits, and each chunk gets
+ * its own import back. */
+Test(vmm, guesses_without_the_equality_test, .timeout = 10)
+{
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fcntl, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 1027 /* F_DUPFD_QUERY */, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EINVAL),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { sizeof(code) / sizeof(code[0]), code };
+    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+    cr_assert_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0);
+    int fds[CHUNKS];
+    CUmemGenericAllocationHandle h[CHUNKS], again[CHUNKS];
+    CUdeviceptr p = kept_segment(fds, h);
+    struct fakevmm_counters before = vmm();
+    CUdeviceptr q = rebuild(fds, again, 1);
+    cr_assert_eq(q, p);
+    cr_assert_eq(vmm().imports, before.imports, "a guess was not confirmed");
+    cr_assert_eq(vmm().maps, before.maps);
+    for (int i = 0; i < CHUNKS; i++) {
+        cr_assert_eq(again[i], h[i], "chunk %d got another import the second time", i);
+        for (int k = 0; k < i; k++)
+            cr_assert_neq(h[i], h[k], "chunks %d and %d got one import", k, i);
+    }
+    drop(q, again);
+    expect_no_stale_handles();
+}
+
 struct racer {
     int fd;
     CUmemGenericAllocationHandle h;
