@@ -171,19 +171,30 @@ Test(vmm, vmm_off_imports_every_time_legacy_still_cached, .timeout = 10)
     cr_assert_eq(tu_driver().maps - maps, 1, "legacy IPC is still cached");
 }
 
-/* Where kcmp is refused (seccomp), imports pass through uncached; said once. */
-Test(vmm, kcmp_refused_passes_through, .timeout = 10, .init = cr_redirect_stderr)
+#define ANY_ARG (-1L)
+
+/* From here on (seccomp, this test's process only) system call nr fails
+ * with err: always, or only when its second argument is arg1. */
+static void refuse_syscall(int nr, long arg1, int err)
 {
-    setenv("IPCCACHE_LOG", "info", 1);
     struct sock_filter code[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_kcmp, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)arg1, 0, arg1 == ANY_ARG ? 0 : 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (uint32_t)err),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     struct sock_fprog prog = { sizeof(code) / sizeof(code[0]), code };
     cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
     cr_assert_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0);
+}
+
+/* Where kcmp is refused (seccomp), imports pass through uncached; said once. */
+Test(vmm, kcmp_refused_passes_through, .timeout = 10, .init = cr_redirect_stderr)
+{
+    setenv("IPCCACHE_LOG", "info", 1);
+    refuse_syscall(SYS_kcmp, ANY_ARG, EPERM);
     int fds[CHUNKS];
     exporter(fds);
     expect_two_driver_imports(fds[0]);
@@ -204,17 +215,7 @@ Test(vmm, kcmp_refused_passes_through, .timeout = 10, .init = cr_redirect_stderr
  * its own import back. */
 Test(vmm, guesses_without_the_equality_test, .timeout = 10)
 {
-    struct sock_filter code[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fcntl, 0, 3),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 1027 /* F_DUPFD_QUERY */, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EINVAL),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    struct sock_fprog prog = { sizeof(code) / sizeof(code[0]), code };
-    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-    cr_assert_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0);
+    refuse_syscall(SYS_fcntl, 1027 /* F_DUPFD_QUERY */, EINVAL);
     int fds[CHUNKS];
     CUmemGenericAllocationHandle h[CHUNKS], again[CHUNKS];
     CUdeviceptr p = kept_segment(fds, h);
