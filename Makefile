@@ -13,6 +13,7 @@
 #   make mutants         one-spot bugs of shim/ (tests/mutants.txt): each must be caught
 #   make test-gpu        prove it on a real GPU (says so when there is none)
 #   make bench           benchmarks on a real GPU
+#   make bench-standin   the RL weight sync's VMM calls on the stand-in: the library's own cost
 #   make peer            PyTorch's and numba's own IPC tests, without and with the cache
 #   make demo            show the main job (simulated without a GPU)
 #   make wheel           build/dist/ipccache-*.whl (pip install it)
@@ -60,11 +61,12 @@ E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c tests/test_ghost.c, \
                           $(wildcard tests/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors \
-             $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer $(BUILD)/tests/fuzz
+             $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer $(BUILD)/tests/fuzz \
+             $(BUILD)/tools/standin_rl
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
-.PHONY: all help prereqs test run-tests test-programs test-sanitize test-aarch64 test-gpu bench peer fuzz mutants demo wheel \
+.PHONY: all help prereqs test run-tests test-programs test-sanitize test-aarch64 test-gpu bench bench-standin peer fuzz mutants demo wheel \
         install uninstall clean check-exports
 
 all: $(LIB) $(CONFIG_TOOL)
@@ -231,6 +233,17 @@ test-gpu: | $(LIB)
 
 bench: | $(LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
+
+# No GPU: the stand-in driver plays it; three runs without and with the library, alternating.
+$(BUILD)/tools/standin_rl: tools/standin_rl.c tests/fake_cuda.h tests/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
+
+bench-standin: $(LIB) $(BUILD)/tools/standin_rl
+	@for run in 1 2 3; do \
+	    printf 'without: '; $(BUILD)/tools/standin_rl; \
+	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl; \
+	done
 
 # PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py (never committed).
 PEER_DIR ?= .peer
