@@ -22,7 +22,7 @@ preload="${IPCC_TEST_PRELOAD_PREFIX:+$IPCC_TEST_PRELOAD_PREFIX }$lib"
 
 if [[ ! -x $prog ]]; then
     not_ok "standin_rl: $prog is built"
-    tap_summary standin_rl
+    tap_summary standin-rl
     exit
 fi
 
@@ -36,4 +36,4 @@ LD_PRELOAD=$preload "$prog" 22 20 >"$tmp/out" 2>&1
 check "standin_rl: with it the same rebuilds, and no step after the first makes a real call" \
     grep -q 'chunks_per_step=201 .*real_per_step: imports=0.0 reserves=0.0 maps=0.0 set_access=0.0 unmaps=0.0' "$tmp/out"
 
-tap_summary standin_rl
+tap_summary standin-rl
