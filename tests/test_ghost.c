@@ -294,20 +294,27 @@ static uint64_t phys_settles_at(uint64_t want)
 /* As when some exporter found the ledger's table of handles full: importers
  * of handles it does not know then listen to every exporter. With forget,
  * the handles listed so far are dropped too. */
-static void mark_unpublished(int forget)
+/* The peers' ledger, mapped shared (writable for the cases that plant state). */
+static struct ipcc_ledger_file *map_ledger(int writable)
 {
     char *path = format("%s/ipccache/" IPCC_LEDGER_NAME, tmpdir);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     cr_assert_geq(fd, 0, "no ledger at %s", path);
-    struct ipcc_ledger_file *f =
-        mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    struct ipcc_ledger_file *f = mmap(NULL, sizeof(*f), PROT_READ | (writable ? PROT_WRITE : 0),
+                                      MAP_SHARED, fd, 0);
     cr_assert_neq(f, MAP_FAILED);
+    close(fd);
+    free(path);
+    return f;
+}
+
+static void mark_unpublished(int forget)
+{
+    struct ipcc_ledger_file *f = map_ledger(1);
     atomic_store(&f->unpublished, 1);
     for (int i = 0; forget && i < IPCC_LEDGER_EXPORTS; i++)
         atomic_store(&f->exports[i].pid, 0);
     munmap(f, sizeof(*f));
-    close(fd);
-    free(path);
 }
 
 static int threads_of(pid_t pid)
@@ -793,17 +800,11 @@ Test(ghost, vmm_each_export_is_told_apart, .timeout = 60)
 /* How many of the ledger's export entries name pid. */
 static int ledger_entries_of(pid_t pid)
 {
-    char *path = format("%s/ipccache/" IPCC_LEDGER_NAME, tmpdir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    cr_assert_geq(fd, 0, "no ledger at %s", path);
-    struct ipcc_ledger_file *f = mmap(NULL, sizeof(*f), PROT_READ, MAP_SHARED, fd, 0);
-    cr_assert_neq(f, MAP_FAILED);
+    struct ipcc_ledger_file *f = map_ledger(0);
     int n = 0;
     for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
         n += atomic_load(&f->exports[i].pid) == pid;
     munmap(f, sizeof(*f));
-    close(fd);
-    free(path);
     return n;
 }
 

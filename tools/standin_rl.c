@@ -127,8 +127,10 @@ static int export_chunk(void)
     return fd;
 }
 
-static int chunks_rebuilt(const int *large_fd, int small_fd, int step_chunks)
+/* Every tensor's rebuild, PyTorch's way; returns the chunks imported. */
+static int rebuild_all(const int *large_fd, int small_fd)
 {
+    int chunks = 0;
     CUmemAccessDesc access = vmm_rw_on(0);
     for (int i = 0; i < nspans; i++) {
         struct span s = spans[i];
@@ -144,9 +146,9 @@ static int chunks_rebuilt(const int *large_fd, int small_fd, int step_chunks)
         for (int k = 0; k < s.count; k++)
             check(cuMemMap(r->base + (uint64_t)k * G, G, 0, r->h[k], 0), "cuMemMap");
         check(cuMemSetAccess(r->base, (uint64_t)s.count * G, &access, 1), "cuMemSetAccess");
-        step_chunks += s.count;
+        chunks += s.count;
     }
-    return step_chunks;
+    return chunks;
 }
 
 static void drop_all(void)
@@ -194,7 +196,7 @@ int main(int argc, char **argv)
         if (s == WARMUP)
             fakevmm_get_counters(&before);
         double t0 = now_s();
-        chunks = chunks_rebuilt(large_fd, small_fd, 0);
+        chunks = rebuild_all(large_fd, small_fd);
         drop_all();
         if (s >= WARMUP)
             times[s - WARMUP] = now_s() - t0;
