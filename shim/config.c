@@ -7,6 +7,8 @@
  * (an operator asked to be told, not to run with a setting they did not mean).
  */
 #include <ctype.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -280,6 +282,11 @@ const struct ipcc_setting *ipcc_config_table(size_t *count)
     return settings;
 }
 
+static const char *default_or_unset(const struct ipcc_setting *st)
+{
+    return st->default_text[0] ? st->default_text : "unset";
+}
+
 /* Keeps a copy of the default so a failed parse cannot leave half a value. */
 static void load_one(const struct ipcc_setting *st)
 {
@@ -295,8 +302,93 @@ static void load_one(const struct ipcc_setting *st)
                  st->name, v, st->expect);
         _exit(78); /* EX_CONFIG */
     }
-    ipcc_log(IPCC_LOG_WARN, "%s=\"%s\" is invalid: expected %s; using the default",
-             st->name, v, st->expect);
+    ipcc_log(IPCC_LOG_WARN, "%s=\"%s\" is invalid: expected %s; using the default (%s)",
+             st->name, v, st->expect, default_or_unset(st));
+}
+
+/* ---- names that are not settings ----------------------------------------- */
+
+/* Read by the tools, not the library: ipccache-run's and make's library path,
+ * ipccache-stats' test hook for the library's file name. */
+static const char *const tool_variables[] = { "IPCCACHE_LIB", "IPCCACHE_STATS_LIBNAME" };
+
+/* Edits (insert, delete, replace) from a to b, up to 64 characters each. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), row[65];
+    if (la > 64 || lb > 64)
+        return SIZE_MAX;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[lb];
+}
+
+/* The setting a misspelling most likely meant: a few edits away, else none. */
+static const char *closest_setting(const char *name)
+{
+    const char *best = NULL;
+    size_t best_d = 4;
+    for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
+        size_t d = edit_distance(name, settings[i].name);
+        if (d < best_d)
+            best = settings[i].name, best_d = d;
+    }
+    return best;
+}
+
+static int is_known_name(const char *name)
+{
+    for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
+        if (strcmp(name, settings[i].name) == 0)
+            return 1;
+    for (size_t i = 0; i < sizeof(tool_variables) / sizeof(tool_variables[0]); i++)
+        if (strcmp(name, tool_variables[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* A misspelled variable would otherwise be ignored without a word: one
+ * message each, an error under IPCCACHE_STRICT (a setting not meant). */
+static void report_unknown(const char *entry)
+{
+    char name[128];
+    size_t len = strcspn(entry, "=");
+    if (len >= sizeof(name))
+        len = sizeof(name) - 1;
+    memcpy(name, entry, len);
+    name[len] = '\0';
+    if (is_known_name(name))
+        return;
+    const char *meant = closest_setting(name);
+    char hint[96] = "";
+    if (meant)
+        snprintf(hint, sizeof(hint), " (did you mean %s?)", meant);
+    if (ipcc_config.strict) {
+        ipcc_log(IPCC_LOG_ERROR, "%s is not a setting%s (IPCCACHE_STRICT is on)", name, hint);
+        _exit(78); /* EX_CONFIG */
+    }
+    ipcc_log(IPCC_LOG_WARN, "%s is not a setting%s; ignored", name, hint);
+}
+
+static void report_unknown_names(void)
+{
+    extern char **environ;
+    for (char **e = environ; e && *e; e++)
+        if (strncmp(*e, "IPCCACHE_", 9) == 0)
+            report_unknown(*e);
 }
 
 /* IPCCACHE_STRICT goes first: it decides what a bad value in the others
@@ -314,13 +406,33 @@ void ipcc_config_load(void)
         for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
             if (load_rank(&settings[i]) == rank)
                 load_one(&settings[i]);
+    report_unknown_names();
+}
+
+/* One line, at info, the first time either path below finds the cache off. */
+void ipcc_config_say_disabled(void)
+{
+    static _Atomic int said;
+    if (!atomic_exchange(&said, 1))
+        ipcc_log(IPCC_LOG_INFO, "disabled by IPCCACHE_DISABLE; every call goes to the driver");
 }
 
 /* The resolver and dlsym consult this before the full load: a quiet reading
- * of IPCCACHE_DISABLE (a bad value is reported later, by the full load). */
+ * of IPCCACHE_DISABLE (a bad value is reported later, by the full load).
+ * When it says off, lookups answer the driver's own functions and the full
+ * load may never come, so the confirmation is given here, at the level
+ * IPCCACHE_LOG asks (read quietly too; the full load sets the same). */
 int ipcc_config_disabled_early(void)
 {
     const char *v = getenv("IPCCACHE_DISABLE");
     int on = 0;
-    return v && ipcc_parse_bool(v, &on) == 0 && on;
+    if (!(v && ipcc_parse_bool(v, &on) == 0 && on))
+        return 0;
+    const char *level = getenv("IPCCACHE_LOG");
+    enum ipcc_log_level asked;
+    if (level && ipcc_parse_log_level(level, &asked) == 0 && asked >= IPCC_LOG_INFO) {
+        ipcc_config.log_level = asked;
+        ipcc_config_say_disabled();
+    }
+    return 1;
 }

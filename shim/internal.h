@@ -318,6 +318,7 @@ struct ipcc_config {
 IPCC_HIDDEN extern struct ipcc_config ipcc_config;
 IPCC_HIDDEN void ipcc_config_load(void);
 IPCC_HIDDEN int ipcc_config_disabled_early(void);
+IPCC_HIDDEN void ipcc_config_say_disabled(void);
 IPCC_HIDDEN int ipcc_parse_bool(const char *s, int *out);
 IPCC_HIDDEN int ipcc_parse_size(const char *s, uint64_t *out);
 IPCC_HIDDEN int ipcc_parse_count(const char *s, uint64_t *out);

@@ -109,7 +109,7 @@ static void start(void)
 {
     ipcc_config_load();
     if (ipcc_config.disabled) {
-        ipcc_log(IPCC_LOG_INFO, "disabled by IPCCACHE_DISABLE; passing calls through");
+        ipcc_config_say_disabled();
         return;
     }
     if (ipcc_tables_start() < 0) {

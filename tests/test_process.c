@@ -481,6 +481,20 @@ Test(process, repeated_open_maps_once_and_unmaps_at_exit, .timeout = 20)
     cr_assert_not_null(strstr(line, " live=0"), "at exit: %s", line);
 }
 
+Test(process, disabled_says_so_once_when_asked, .timeout = 20)
+{
+    /* IPCCACHE_DISABLE with IPCCACHE_LOG=info or debug: one line confirms it, whether the
+     * program reaches the driver through the resolver (cudart) or opens by linked symbols. */
+    static const char *const how[][2] = { { "cudart_sequence", NULL }, { "openclose", "5" } };
+    for (size_t i = 0; i < 2; i++) {
+        struct proc p;
+        probe(&p, ENV("IPCCACHE_DISABLE=1", "IPCCACHE_LOG=debug"), how[i][0], how[i][1]);
+        cr_expect(eq(int, exit_code(&p), 0), "%s", how[i][0]);
+        cr_expect(eq(str, p.err, "ipccache: disabled by IPCCACHE_DISABLE; every call goes to the"
+                                 " driver\n"), "%s", how[i][0]);
+    }
+}
+
 Test(process, disabled_passes_every_call_through, .timeout = 20)
 {
     /* IPCCACHE_DISABLE=1: every open is a real map, and no handler is installed. */
@@ -750,6 +764,10 @@ static const char *const bad_settings[] = {
     "IPCCACHE_STATS_FILE=/tmp/x%q", "IPCCACHE_STATS_DIR=relative",
 };
 #define N_BAD_SETTINGS (sizeof(bad_settings) / sizeof(bad_settings[0]))
+/* What each warning must say it uses instead, in bad_settings' order. */
+static const char *const bad_setting_defaults[N_BAD_SETTINGS] = {
+    "(0)", "(8G)", "(256)", "(warn)", "(SIGUSR1)", "(0)", "(unset)", "(unset)",
+};
 
 /* "IPCCACHE_X=v" -> "prefix IPCCACHE_X=\"v\"", what the message must start with. */
 static void expected_message(char *buf, size_t cap, const char *prefix, const char *setting)
@@ -770,13 +788,38 @@ Test(process, bad_value_warns_once_and_keeps_the_default, .timeout = 20)
         cr_expect(eq(int, count_lines(p.err), 1), "%s; stderr:\n%s", bad_settings[i], p.err);
         cr_expect(eq(int, strncmp(p.err, want, strlen(want)), 0), "want \"%s...\", got: %s",
                   want, p.err);
-        cr_expect_not_null(strstr(p.err, "using the default"), "%s", p.err);
+        char says[64];
+        snprintf(says, sizeof(says), "using the default %s\n", bad_setting_defaults[i]);
+        cr_expect_not_null(strstr(p.err, says), "want \"%s\" in: %s", says, p.err);
         char word[16];
         expect_kv_with(&p, bad_settings[i], "maps", 1);
         expect_kv_with(&p, bad_settings[i], "refcount", 1);
         cr_expect(eq(str, STR(kv_str(&p, "sigusr1", word, sizeof(word))), "handler"),
                   "sigusr1 with %s", bad_settings[i]);
     }
+}
+
+Test(process, misspelled_setting_warns_once_naming_the_setting, .timeout = 20)
+{
+    /* An IPCCACHE_* name the library does not know is one warning that names the closest
+     * setting; the tools' own variable (IPCCACHE_LIB) is not one. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_MAX_IDLE_BYTE=1G", "IPCCACHE_LIB=/nowhere"), "openclose", "5");
+    cr_expect(eq(int, exit_code(&p), 0));
+    cr_expect(eq(int, count_lines(p.err), 1), "stderr:\n%s", p.err);
+    cr_expect(eq(str, p.err, "ipccache: warning: IPCCACHE_MAX_IDLE_BYTE is not a setting"
+                             " (did you mean IPCCACHE_MAX_IDLE_BYTES?); ignored\n"));
+    expect_kv(&p, "maps", 1);
+}
+
+Test(process, misspelled_setting_under_strict_stops, .timeout = 20)
+{
+    /* IPCCACHE_STRICT: a setting the operator did not mean stops the process, as a bad value does. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STRICT=1", "IPCCACHE_DISABEL=1"), "openclose", "5");
+    cr_expect(eq(int, exit_code(&p), 78));
+    cr_expect_not_null(strstr(p.err, "ipccache: error: IPCCACHE_DISABEL is not a setting"
+                                     " (did you mean IPCCACHE_DISABLE?)"), "%s", p.err);
 }
 
 Test(process, log_error_silences_the_warnings, .timeout = 20)
