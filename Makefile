@@ -184,8 +184,10 @@ $(BUILD)/tests/fuzz: tests/fuzz.c tests/fuzz_vmm.c tests/fuzz.h tests/fake_cuda.
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/fuzz.c tests/fuzz_vmm.c -ldl -lpthread
 
 # Installs missing Debian packages first (as root), then builds and runs.
+# The build's command lines are not shown (its warnings and errors are).
 test:
 	@bash tests/setup.sh
+	@$(MAKE) --no-print-directory --silent test-programs
 	@$(MAKE) --no-print-directory run-tests
 
 run-tests: test-programs
@@ -228,10 +230,16 @@ check-exports: $(LIB)
 
 # ---- real GPU ----------------------------------------------------------------
 
-test-gpu: | $(LIB)
+# A library already built is used as it is: no prerequisite check (a GPU
+# host without network cannot install uthash, and needs it only to build).
+BUILT_LIB = [ -f $(LIB) ] || $(MAKE) --no-print-directory $(LIB)
+
+test-gpu:
+	@$(BUILT_LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tests/gpu/run.sh
 
-bench: | $(LIB)
+bench:
+	@$(BUILT_LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
 
 # No GPU: the stand-in driver plays it; three runs without and with the library, alternating.
@@ -247,7 +255,8 @@ bench-standin: $(LIB) $(BUILD)/tools/standin_rl
 
 # PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py (never committed).
 PEER_DIR ?= .peer
-peer: | $(LIB)
+peer:
+	@$(BUILT_LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/peer_suites.sh $(PEER_DIR)
 
 demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
@@ -263,15 +272,19 @@ wheel: | prereqs
 # ---- install ------------------------------------------------------------------
 
 # Files installed, relative to PREFIX; the folders install makes are listed
-# in share/ipccache/folders so that uninstall removes only those.
+# in share/ipccache/folders so that uninstall removes only those. Its first
+# line, "prefix N", counts the folders of PREFIX itself (and above it) that
+# install made: uninstall removes those too when they are left empty.
 INSTALL_DIRS = lib bin share share/man share/man/man7 share/ipccache
 DEST         = $(DESTDIR)$(PREFIX)
 FOLDERS      = $(DEST)/share/ipccache/folders
 
 install: $(LIB) $(CONFIG_TOOL)
 	@made=; for d in $(INSTALL_DIRS); do [ -d "$(DEST)/$$d" ] || made="$$made $$d"; done; \
+	    new=0; p="$(DEST)"; while [ ! -d "$$p" ]; do new=$$((new + 1)); p=$$(dirname "$$p"); done; \
 	    install -d $(addprefix $(DEST)/,$(INSTALL_DIRS)) && \
-	    if [ -n "$$made" ] || [ ! -f "$(FOLDERS)" ]; then printf '%s\n' $$made > "$(FOLDERS)"; fi
+	    if [ -n "$$made" ] || [ ! -f "$(FOLDERS)" ]; then \
+	        { echo "prefix $$new"; printf '%s\n' $$made; } > "$(FOLDERS)"; fi
 	install -m 0755 $(LIB) $(DEST)/lib/libipccache.so
 	install -m 0755 tools/ipccache-run tools/ipccache-stats $(CONFIG_TOOL) $(DEST)/bin/
 	install -m 0644 tools/ipccache.7 $(DEST)/share/man/man7/ipccache.7
@@ -280,8 +293,11 @@ uninstall:
 	rm -f $(DEST)/lib/libipccache.so $(DEST)/bin/ipccache-run $(DEST)/bin/ipccache-stats \
 	    $(DEST)/bin/ipccache-config $(DEST)/share/man/man7/ipccache.7
 	@if [ -f "$(FOLDERS)" ]; then \
-	    made=$$(tac "$(FOLDERS)"); rm -f "$(FOLDERS)"; \
+	    new=$$(sed -n 's/^prefix \([0-9]*\)$$/\1/p' "$(FOLDERS)"); \
+	    made=$$(grep -v '^prefix ' "$(FOLDERS)" | tac); rm -f "$(FOLDERS)"; \
 	    for d in $$made; do rmdir "$(DEST)/$$d" 2>/dev/null || true; done; \
+	    p="$(DEST)"; while [ "$${new:-0}" -gt 0 ] && rmdir "$$p" 2>/dev/null; do \
+	        new=$$((new - 1)); p=$$(dirname "$$p"); done; \
 	fi
 
 clean:

@@ -46,6 +46,15 @@ def platform_tag(paths):
     return "manylinux_%d_%d_%s" % (major, minor, arches.pop())
 
 
+def strip_copy(cc, path):
+    """A copy of PATH without debug information or local symbols (the build
+    keeps them for tests and profiles); the binutils of CC's target."""
+    prefix = cc[:-len("gcc")] if cc.endswith("gcc") else ""
+    out = path[:-len(".so")] + ".stripped.so"
+    subprocess.run([prefix + "strip", "--strip-unneeded", "-o", out, path], check=True)
+    return out
+
+
 class MakeHook(BuildHookInterface):
     PLUGIN_NAME = "custom"
 
@@ -60,15 +69,18 @@ class MakeHook(BuildHookInterface):
         subprocess.run(["make", "--no-print-directory", "BUILD=" + build, lib, config],
                        cwd=root, check=True)
 
+        stripped = strip_copy(cc, os.path.join(root, lib))
         shipped = {
-            lib: "ipccache/lib/libipccache.so",
+            stripped: "ipccache/lib/libipccache.so",
             config: "ipccache/bin/ipccache-config",
             "tools/ipccache-run": "ipccache/bin/ipccache-run",
             "tools/ipccache-stats": "ipccache/bin/ipccache-stats",
-            "tools/ipccache.7": "ipccache/share/man/man7/ipccache.7",
         }
         for src, dst in shipped.items():
             build_data["force_include"][os.path.join(root, src)] = dst
+        # Into the environment's share/man, where man finds it from its bin/.
+        build_data["shared_data"][os.path.join(root, "tools/ipccache.7")] = \
+            "share/man/man7/ipccache.7"
         build_data["pure_python"] = False
         build_data["tag"] = "py3-none-" + platform_tag(
             [os.path.join(root, lib), os.path.join(root, config)])

@@ -39,7 +39,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ ! -f "$cuda_home/include/cuda.h" ]; then
-    echo "setup: no CUDA headers at $cuda_home/include/cuda.h; install the CUDA toolkit" \
-         "or set CUDA_HOME" >&2
+    # Debian has no package with cuda.h; PyPI's CUDA runtime wheel has one.
+    echo "setup: no CUDA headers at $cuda_home/include/cuda.h (only the headers are needed:" \
+         "no GPU, no driver). Install the CUDA toolkit, or: pip install nvidia-cuda-runtime," \
+         "then set CUDA_HOME to the folder that holds its include/cuda.h" \
+         "(docs/testing.md, Prerequisites, prints it)" >&2
     exit 1
 fi

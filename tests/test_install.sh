@@ -20,6 +20,7 @@ fi
 run_make() { make --no-print-directory -C "$root" "$1" DESTDIR="$2" PREFIX=/usr/local >"$tmp/out" 2>&1; }
 
 dest=$tmp/fresh
+mkdir "$dest"
 run_make install "$dest"
 check "install: into an empty DESTDIR" test $? -eq 0
 for f in lib/libipccache.so bin/ipccache-run bin/ipccache-stats bin/ipccache-config \
@@ -27,8 +28,8 @@ for f in lib/libipccache.so bin/ipccache-run bin/ipccache-stats bin/ipccache-con
     check "install: $f" test -f "$dest/usr/local/$f"
 done
 run_make uninstall "$dest"
-check "uninstall: removes the files and every folder it made" \
-    eval '[[ $? == 0 && -z $(find "$dest/usr/local" -mindepth 1 2>/dev/null) ]]'
+check "uninstall: removes the files and every folder it made, the prefix's own included" \
+    eval '[[ $? == 0 && ! -e $dest/usr && -d $dest ]]'
 
 # Folders that were there before stay, with what else they hold.
 dest=$tmp/shared
@@ -39,5 +40,13 @@ check "uninstall: keeps folders that existed, and their other files" \
     eval '[[ -f $dest/usr/local/bin/other-tool && -d $dest/usr/local/share/man &&
              ! -e $dest/usr/local/lib && ! -e $dest/usr/local/share/man/man7 &&
              ! -e $dest/usr/local/share/ipccache ]]'
+
+# A GPU host without network: with the library built, make bench and
+# make test-gpu start at once, without the prerequisite check (uthash).
+if [[ -f $root/build/libipccache.so ]]; then
+    make --no-print-directory -C "$root" -n test-gpu bench >"$tmp/out" 2>&1
+    check "make test-gpu, make bench: a built library needs no prerequisite check" \
+        eval '! grep -q setup.sh "$tmp/out"'
+fi
 
 tap_summary install

@@ -115,14 +115,14 @@ peer() {
 
 runners=(unittest)
 "$PY" -c 'import pytest' 2>/dev/null && runners+=(pytest)
-[[ ${#runners[@]} -eq 2 ]] || echo "# pytest is not importable by $PY: its runner is not tested"
+[[ ${#runners[@]} -eq 2 ]] || echo "# (pytest is not installed for $PY: only the unittest runner is exercised here)"
 
 for r in "${runners[@]}"; do
     peer "$r" "$r-all"
     expect_status "$r: an outcome that differs fails the run" $? 1
     out=$tmp/$r-all.out
     expect "$r: the default pool has the same outcomes" "$out" '^peer: pytorch: 5 same, 0 differ$'
-    expect "$r: expandable segments differ in one test" "$out" '^peer: pytorch-expandable: 4 same, 1 differ$'
+    expect "$r: the stand-in's one expandable-segments difference is reported" "$out" '^peer: pytorch-expandable: 4 same, 1 differ$'
     expect "$r: the differing test is shown with both outcomes" "$out" \
         'test_cuda_variable_sharing +passed +failed +DIFFERS'
     expect "$r: a skipped test is compared as skipped" "$out" 'test_cuda_send_many +skipped +skipped *$'
@@ -165,6 +165,14 @@ peer unittest notesting PEER_SUITES=pytorch PYTHONPATH="$tmp/py-notesting"
 expect_status "PyTorch's testing module that does not import is skipped" $? 0
 expect "the import error of PyTorch's testing module is shown" "$tmp/notesting.out" \
     "No module named 'expecttest_standin_missing'"
+
+# The summary line of a run on expandable segments: its hits are VMM ones.
+mkdir -p "$tmp/vmmstats"
+echo '{"opens":0,"hits":0,"vmm_imports":52,"vmm_import_hits":50,"vmm_maps":52,"vmm_map_hits":49}' \
+    >"$tmp/vmmstats/ipccache-1.json"
+"$PY" "$root/tools/peer_record.py" stats "$tmp/vmmstats" >"$tmp/vmmstats.out" 2>&1
+expect "the stats summary counts VMM imports and maps" "$tmp/vmmstats.out" \
+    '^1 process\(es\) reported: .*vmm_imports 52, vmm_import_hits 50, vmm_maps 52, vmm_map_hits 49'
 
 echo "peer-suites: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -111,6 +111,8 @@ def stats_line():
          "live": 0, "idle": 2 * base, "idle_bytes": base << 30,
          "evictions": base, "invalidations": 0, "passthrough": 0,
          "errors": 0, "saved_ms": 0.8 * base, "max_idle_bytes": 8 << 30,
+         "vmm_imports": 30 * base, "vmm_import_hits": 29 * base, "vmm_maps": 30 * base,
+         "vmm_map_hits": 28 * base,
          "max_idle_entries": 256, "future_counter": 7 * base}
     if base == 1:  # the optional keys, present in one fake only
         d.update(open_ns_mean=61900, close_ns_mean=36000,
@@ -308,8 +310,8 @@ start_fake 1 --lib "$lib" --comm fakeone
 stats "$fake"
 check "stats: table for one process exits 0" rc_is 0
 check "stats: table shows pid and command" grep -qE "^ *$fake +fakeone " "$tmp/out"
-check "stats: table shows opens, hits, hit rate, idle bytes, saved ms" \
-    grep -qE "fakeone +10 +8 +80\.0 +2 +2 +0 +0 +2 +1\.0G +1 +0 +0\.8$" "$tmp/out"
+check "stats: table shows opens, hits, hit rate, VMM imports and maps, idle bytes, saved ms" \
+    grep -qE "fakeone +10 +8 +80\.0 +2 +2 +0 +30 +29 +30 +28 +0 +2 +1\.0G +1 +0 +0\.8$" "$tmp/out"
 check "stats: no TOTAL row for one process" bash -c "! grep -q TOTAL '$tmp/out'"
 check "stats: request file removed afterwards" no_stats_files
 stats --json "$fake"
@@ -331,6 +333,12 @@ check "stats: --json totals sum the integer keys" json_true \
     "doc['total']['opens'] == 30 and doc['total']['hits'] == 24 and doc['total']['idle_bytes'] == 3 << 30 and doc['total']['future_counter'] == 21"
 check "stats: --json totals sum saved_ms, not settings or means" json_true \
     "abs(doc['total']['saved_ms'] - 2.4) < 1e-9 and 'max_idle_bytes' not in doc['total'] and 'open_ns_mean' not in doc['total'] and 'pid' not in doc['total']"
+mkdir -p -m 700 "$tmp/empty"
+stats --all --dir "$tmp/empty" --json
+py -c 'import json,sys; print(" ".join(sorted(json.load(open(sys.argv[1]))["total"])))' "$tmp/out" >"$tmp/none"
+stats --json "$one"
+check "stats: --json total has one key set, with no process as with one (the fake's own extra aside)" \
+    json_true "sorted(k for k in doc['total'] if k != 'future_counter') == open('$tmp/none').read().split() and 'vmm_import_hits' in doc['total']"
 stats "$one" "$two"
 check "stats: table has a TOTAL row" grep -qE "^ *TOTAL +30 +24 +80\.0 +6 " "$tmp/out"
 check "stats: table shows the command name as is" out_has 'we"ird\name'

@@ -70,6 +70,18 @@ api_lib=$("$venv/bin/python" -c 'import ipccache; print(ipccache.library_path())
 check "wheel: ipccache.library_path() agrees" test "$api_lib" = "$site_lib"
 "$venv/bin/python" -m ipccache run --version >"$tmp/out" 2>"$tmp/err"
 check "wheel: python -m ipccache run" grep -q '^ipccache-run ' "$tmp/out"
+"$venv/bin/python" -m ipccache bogus >"$tmp/out" 2>"$tmp/err"
+bogus_rc=$?
+check "wheel: python -m ipccache bogus names the unknown command (exit 2)" \
+    eval '[[ $bogus_rc == 2 ]] && grep -qx "ipccache: unknown command .bogus." "$tmp/err"'
+check "wheel: the man page is in the environment's share/man" \
+    test -f "$venv/share/man/man7/ipccache.7"
+if command -v man >/dev/null 2>&1; then
+    check "wheel: man finds ipccache(7) from the environment's bin/" \
+        eval '[[ $(PATH="$venv/bin:$PATH" MANPATH= man -w ipccache 2>/dev/null) == "$venv"/share/man/man7/ipccache.7* ]]'
+fi
+check "wheel: the library is stripped (no debug information)" \
+    eval '! readelf -S --wide "$site_lib" | grep -q "\.debug_info"'
 "$venv/bin/ipccache-stats" --version >"$tmp/out" 2>"$tmp/err"
 check "wheel: ipccache-stats" eval '[[ $? == 0 && -s "$tmp/out" ]]'
 env IPCCACHE_MAX_IDLE_BYTES=banana "$venv/bin/ipccache-run" --strict /bin/true >"$tmp/out" 2>"$tmp/err"

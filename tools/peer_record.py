@@ -194,7 +194,8 @@ def compare(suite, path_a, path_b):
 
 def stats(folder):
     """One line: how many processes reported, and their summed counters."""
-    keys = ("opens", "hits", "misses", "real_opens", "errors")
+    keys = ("opens", "hits", "misses", "real_opens", "vmm_imports", "vmm_import_hits",
+            "vmm_maps", "vmm_map_hits", "errors")
     totals = dict.fromkeys(keys, 0)
     procs = 0
     for path in sorted(glob.glob(os.path.join(folder, "*"))):

@@ -46,6 +46,8 @@ def main(argv=None):
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         return 0
+    if argv:
+        sys.stderr.write("ipccache: unknown command %r\n" % " ".join(argv))
     sys.stderr.write(USAGE + "\n")
     return 2
 
