@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 #
 # test_docs.sh - what the documentation says is generated from, or checked
-# against, the code: the README's settings table is ipccache-config
-# --markdown; every key of a real stats line is documented in the README and
-# the man page; every version string agrees; every make target is in the
-# README; every result folder entry is in results/README.md.
+# against, the code, and each fact has one owner: the README's settings
+# table is ipccache-config --markdown, every key of a real stats line is in
+# the README's table, and the man page's settings, stats keys and limits are
+# generated from those (tools/gen_man.py); each setting, key and limit is
+# written once; links and named paths resolve; the README stays under its
+# length; every version string agrees; every make target and every package
+# tests/setup.sh installs are in docs/testing.md; every result folder entry
+# is in results/README.md.
 
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,6 +35,11 @@ if [[ -x build/ipccache-config ]]; then
         grep -q "^\.B \\\\%$name\$" tools/ipccache.7 || echo "$name" >>"$tmp/diff"
     done
     check "docs: the man page describes every setting" test ! -s "$tmp/diff"
+    cut -f1 <(build/ipccache-config --list) | python3 tests/check_docs.py once >"$tmp/diff" 2>&1
+    check "docs: each setting has one table row, the README's" test ! -s "$tmp/diff"
+    python3 tools/gen_man.py --check >"$tmp/diff" 2>&1
+    check "docs: the man page's settings, stats keys and limits are generated (tools/gen_man.py)" \
+        test ! -s "$tmp/diff"
 else
     not_ok "docs: build/ipccache-config is built"
 fi
@@ -51,9 +60,12 @@ print("\n".join(sorted(keys)))' "$tmp/stats" >"$tmp/keys" 2>"$tmp/diff"
     : >"$tmp/diff"
     while read -r key; do
         grep -q "\`$key\`" "$tmp/table" || echo "README: $key" >>"$tmp/diff"
-        grep -q "^\.B[R]* .*\b$key\b" tools/ipccache.7 || echo "man page: $key" >>"$tmp/diff"
+        grep -qE "^\.B[R]* .*\b$key\b|\\\\fB$key\\\\fR" tools/ipccache.7 || echo "man page: $key" >>"$tmp/diff"
     done <"$tmp/keys"
     check "docs: every stats key is documented (README table, man page)" test ! -s "$tmp/diff"
+    python3 -c 'import json, sys; print("\n".join(json.loads(open(sys.argv[1]).read().splitlines()[-1])))' \
+        "$tmp/stats" | python3 tests/check_docs.py once >"$tmp/diff" 2>&1
+    check "docs: each stats key has one table row, the README's" test ! -s "$tmp/diff"
 else
     not_ok "docs: stats keys: $lib or $build/tests/probe is not built"
 fi
@@ -61,7 +73,7 @@ fi
 # --- make demo states its result -------------------------------------------------
 if [[ $build != *sanitize* && -f $lib && -x $build/tests/probe ]]; then
     DEMO_SIMULATED=1 DEMO_ITERS=50 IPCCACHE_LIB=$lib BUILD=$build bash tools/demo.sh >"$tmp/diff" 2>&1
-    check "docs: make demo ends with its result (50 maps without, 1 with) and explains real_closes" \
+    check "docs: make demo's last line is its result (DEMO_ITERS=50 here) and it explains real_closes" \
         eval 'tail -n 1 "$tmp/diff" | grep -q "^demo: result: 50 opens of one handle made 50 driver maps without ipccache and 1 with it (49 hits)" &&
               grep -q "real_closes is 0" "$tmp/diff"'
 else
@@ -93,11 +105,26 @@ check "docs: ipccache-stats exits 2 on a usage error (notapid), as its help says
 check "docs: ipccache-run --help says --strict means exit status 78" \
     eval 'tools/ipccache-run --help | tr -s " \n" " " | grep -q "error: exit status 78"'
 
-# --- make targets ---------------------------------------------------------------
+# --- the layout: links, paths, one owner, length ---------------------------------
+for what in links paths limits length; do
+    python3 tests/check_docs.py "$what" >"$tmp/diff" 2>&1
+    check "docs: check_docs.py $what" test ! -s "$tmp/diff"
+done
+
+# --- make targets, prerequisites -------------------------------------------------
 make --no-print-directory help | while IFS= read -r line; do
-    grep -qxF -- "$line" README.md || echo "not in the README: $line"
+    grep -qxF -- "$line" docs/testing.md || echo "not in docs/testing.md: $line"
 done >"$tmp/diff"
-check "docs: the README lists every target as make help does" test ! -s "$tmp/diff"
+check "docs: docs/testing.md lists every target as make help does" test ! -s "$tmp/diff"
+grep -o 'missing+=([a-z0-9.-]*)' tests/setup.sh | sed 's/missing+=(\(.*\))/\1/' | sort -u |
+    while read -r pkg; do
+        grep -q "^| .*\`$pkg\`" docs/testing.md || echo "not in the prerequisites table: $pkg"
+    done >"$tmp/diff"
+check "docs: every package tests/setup.sh installs is in docs/testing.md's prerequisites" \
+    test ! -s "$tmp/diff"
+: >"$tmp/diff"
+check "docs: without cuda.h, setup.sh and docs/testing.md name the way out (nvidia-cuda-runtime)" \
+    eval 'grep -q nvidia-cuda-runtime tests/setup.sh && grep -q "pip install nvidia-cuda-runtime" docs/testing.md'
 
 # --- results/ -------------------------------------------------------------------
 : >"$tmp/diff"
