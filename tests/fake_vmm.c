@@ -4,7 +4,7 @@
  * unmap, release, address free), built into tests' libcuda.so.1.
  *
  * Every answer is the H200's, as tests/gpu/vmm_errors.cu measured it
- * (README, "VMM path"). Where the real driver crashes (a handle it never gave
+ * (docs/vmm.md). Where the real driver crashes (a handle it never gave
  * out or already took back), the model answers CUDA_ERROR_INVALID_VALUE and
  * counts a stale use, so a test can prove the cache never passes one on.
  *

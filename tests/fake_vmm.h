@@ -3,7 +3,7 @@
  * built into the same libcuda.so.1 as tests/fake_cuda.c).
  *
  * The model answers as the H200 driver measured by tests/gpu/vmm_errors.cu
- * does (README, "VMM path"), and counts what a real driver would really have
+ * does (docs/vmm.md), and counts what a real driver would really have
  * done, so a test can tell a cache hit from driver work.
  */
 #ifndef IPCCACHE_TESTS_FAKE_VMM_H

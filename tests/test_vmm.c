@@ -704,7 +704,7 @@ Test(vmm, stats_count_the_vmm_path, .timeout = 10)
 
 /* ---- the answers -------------------------------------------------------------- */
 
-/* Cases where the stand-in differs from the H200 (README, "VMM path"). */
+/* Cases where the stand-in differs from the H200 (docs/vmm.md). */
 static const char *const known_differences[] = {
     "case=reserve_hint_free ",        /* a hint is only a hint */
     "case=map_past_reservation_end ", /* the driver held VA past the end */

@@ -8,7 +8,7 @@
 //   case=<name> rc=<CUDA_ERROR_NAME> [detail=...]
 //
 // The stand-in driver (tests/fake_vmm.c) models these answers, and the table
-// in the README ("VMM path") comes from this program's output. Cases that pass
+// in docs/vmm.md comes from this program's output. Cases that pass
 // garbage or stale handles come last, in case the driver does not survive
 // them; every line is flushed as it is printed.
 //
