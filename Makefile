@@ -36,7 +36,7 @@ SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c
            shim/lock.c shim/log.c shim/mappings.c shim/mappings_evict.c shim/resolve.c \
            shim/stats.c shim/tables.c \
            shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
-           shim/vmm_ranges.c shim/vmm_exporter.c shim/vmm_ghost.c \
+           shim/vmm_ranges.c shim/vmm_predict.c shim/vmm_exporter.c shim/vmm_ghost.c \
            shim/fmt.c shim/keyset.c shim/marker.c shim/userdir.c \
            $(LEDGER_SRC) shim/exporter.c shim/release_helper.c
 # The release ledger alone (unit-tested without CUDA).
@@ -114,7 +114,7 @@ $(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 
 # The table, the settings parser and the ledger, tested alone: no CUDA, no
 # preload. calloc is wrapped so that a test can make the table's allocations fail.
-VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c
+VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c shim/vmm_predict.c
 $(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c shim/userdir.c \
                           shim/keyset.c shim/lock.c \
                           $(VMM_TABLE) $(LEDGER_SRC) shim/internal.h shim/vmm_table.h shim/ledger.h
