@@ -20,7 +20,8 @@
 #include "internal.h"
 
 #define MIN_SLOTS 256
-#define MAX_SLOTS 65536 /* past this the oldest successor at a slot is overwritten */
+#define MAX_SLOTS 65536 /* past half of this a new context overwrites its home slot */
+#define MAX_PROBES 32   /* half full at most: chains stay short */
 
 struct ipcc_vmm_successor {
     struct ipcc_vmm_history context; /* run 0: the last key alone */
@@ -57,7 +58,7 @@ static int same_context(const struct ipcc_vmm_history *a, const struct ipcc_vmm_
 static struct ipcc_vmm_successor *find(const struct ipcc_vmm_predict *p,
                                        const struct ipcc_vmm_history *c)
 {
-    for (size_t i = slot_of(p, c), probes = 0; probes < p->cap;
+    for (size_t i = slot_of(p, c), probes = 0; probes < p->cap && probes < MAX_PROBES;
          i = (i + 1) & (p->cap - 1), probes++) {
         struct ipcc_vmm_successor *s = &p->slots[i];
         if (!s->next || same_context(&s->context, c))
@@ -87,10 +88,11 @@ static int grow(struct ipcc_vmm_predict *p)
 
 static void remember(struct ipcc_vmm_predict *p, const struct ipcc_vmm_history *c, uint64_t next)
 {
-    if ((p->n + 1) * 2 > p->cap && grow(p) < 0 && !p->cap)
+    int full = (p->n + 1) * 2 > p->cap && grow(p) < 0;
+    if (!p->cap)
         return; /* no memory: nothing predicted, every reserve as without us */
     struct ipcc_vmm_successor *s = find(p, c);
-    if (!s) /* full at the largest size: the home slot's successor goes */
+    if (!s || (full && !s->next)) /* at the largest size: the home slot's successor goes */
         s = &p->slots[slot_of(p, c)];
     else if (!s->next)
         p->n++;
