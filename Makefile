@@ -234,7 +234,8 @@ test-gpu: | $(LIB)
 bench: | $(LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
 
-# No GPU: the stand-in driver plays it; three runs without and with the library, alternating.
+# No GPU: the stand-in driver plays it; three runs without and with the library, alternating;
+# then each of the weight sync's other shapes (tools/standin_rl.c says which), once each way.
 $(BUILD)/tools/standin_rl: tools/standin_rl.c tests/fake_cuda.h tests/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
@@ -243,6 +244,10 @@ bench-standin: $(LIB) $(BUILD)/tools/standin_rl
 	@for run in 1 2 3; do \
 	    printf 'without: '; $(BUILD)/tools/standin_rl; \
 	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl; \
+	done
+	@for shape in one reversed shuffled buckets two; do \
+	    printf 'without: '; $(BUILD)/tools/standin_rl 22 200 $$shape; \
+	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl 22 200 $$shape; \
 	done
 
 # PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py (never committed).

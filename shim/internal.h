@@ -135,8 +135,8 @@ struct ipcc_vmm_history {
 IPCC_HIDDEN uint64_t ipcc_vmm_rebuild_key(uint64_t key, uint64_t offset, uint64_t handle);
 IPCC_HIDDEN void ipcc_vmm_predict_learn(struct ipcc_vmm_predict *p, struct ipcc_vmm_history *h,
                                         uint64_t next);
-IPCC_HIDDEN size_t ipcc_vmm_predict_next(const struct ipcc_vmm_predict *p,
-                                         const struct ipcc_vmm_history *h, uint64_t out[2]);
+IPCC_HIDDEN uint64_t ipcc_vmm_predict_next(const struct ipcc_vmm_predict *p,
+                                           const struct ipcc_vmm_history *h);
 IPCC_HIDDEN void ipcc_vmm_predict_clear(struct ipcc_vmm_predict *p);
 
 /* ---- vmm_imports.c, vmm_ranges.c: the VMM path's table (pure C, no CUDA) -- */

@@ -130,21 +130,18 @@ static uint64_t successor(const struct ipcc_vmm_predict *p, const struct ipcc_vm
     return s ? s->next : 0;
 }
 
-/* The keys that followed h's context last time into out[2], the better
- * first (the whole context's, then the last key's alone); how many. */
-size_t ipcc_vmm_predict_next(const struct ipcc_vmm_predict *p, const struct ipcc_vmm_history *h,
-                             uint64_t out[2])
+/* The key that followed h's context last time, or, for a context not seen
+ * yet, the one that followed its last key alone; 0 if none. Not the latter
+ * when the former's range is gone: in an order passing a rebuild two ways
+ * that would always be the other way's, and the range lost to it each time
+ * would be the one the other way needs next. */
+uint64_t ipcc_vmm_predict_next(const struct ipcc_vmm_predict *p, const struct ipcc_vmm_history *h)
 {
     if (!h->last)
         return 0;
     struct ipcc_vmm_history last = alone(h);
-    uint64_t whole = successor(p, h), only = successor(p, &last);
-    size_t n = 0;
-    if (whole)
-        out[n++] = whole;
-    if (only && only != whole)
-        out[n++] = only;
-    return n;
+    uint64_t whole = successor(p, h);
+    return whole ? whole : successor(p, &last);
 }
 
 void ipcc_vmm_predict_clear(struct ipcc_vmm_predict *p)

@@ -173,8 +173,8 @@ static struct ipcc_vmm_range *spare(const struct ipcc_vmm_table *t, uint64_t siz
 /*
  * A reserve that comes before its imports (PyTorch's order), in a thread
  * whose rebuilds so far are h: hands back an idle range (of size, aligned to
- * align) whose last use mapped what followed h's rebuilds last time, the
- * most recently used first. Failing that, a spare one, so that orders
+ * align) whose last use mapped what followed h's rebuilds last time
+ * (vmm_predict.c), the most recently used first. Failing that, a spare one, so that orders
  * nothing predicts reuse ranges rather than reserving ever more (the one a
  * rebuild needs is reserved anew: the next time it is there). 1 and *addr
  * set, or 0.
@@ -182,11 +182,8 @@ static struct ipcc_vmm_range *spare(const struct ipcc_vmm_table *t, uint64_t siz
 int ipcc_vmm_reserve_next(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
                           const struct ipcc_vmm_history *h, uint64_t now_ns, uint64_t *addr)
 {
-    uint64_t keys[2];
-    size_t n = ipcc_vmm_predict_next(&t->predict, h, keys);
-    struct ipcc_vmm_range *r = NULL;
-    for (size_t k = 0; k < n && !r; k++)
-        r = idle_with_key(t, size, align, keys[k]);
+    uint64_t key = ipcc_vmm_predict_next(&t->predict, h);
+    struct ipcc_vmm_range *r = key ? idle_with_key(t, size, align, key) : NULL;
     if (!r)
         r = spare(t, size, align);
     return r ? hand_back(t, r, now_ns, addr) : 0;

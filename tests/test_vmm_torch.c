@@ -203,7 +203,7 @@ Test(vmm_torch, one_at_a_time_steps_are_all_hits, .timeout = 20)
 }
 
 /* The order reversed every other step: once both ways are seen, only the
- * turn between them may cost (the last rebuild's run joins the next step's);
+ * turn between them may cost (at most a tenth of a cold step's work);
  * a shuffled order costs a step no more than a step without the cache (the
  * first one: everything real). Every storage maps the right memory. */
 Test(vmm_torch, changing_orders_cost_no_more_than_without, .timeout = 20)
@@ -220,7 +220,7 @@ Test(vmm_torch, changing_orders_cost_no_more_than_without, .timeout = 20)
     for (int step = 5; step <= 8; step++) {
         in_order(order, step % 2);
         uint64_t work = one_at_a_time_step(&tr, layers, order, NLAYERS, 1);
-        cr_assert_leq(work * 4, cold, "reversed, step %d: %lu of %lu", step, (unsigned long)work,
+        cr_assert_leq(work * 10, cold, "reversed, step %d: %lu of %lu", step, (unsigned long)work,
                       (unsigned long)cold);
     }
     unsigned seed = 17;
