@@ -281,7 +281,7 @@ main() {
         "$PYTHON" tools/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
             FAILURES=$((FAILURES + 1))
     fi
-    if part vmm || part torch || part ghost; then
+    if part vmm || part torch || part shapes || part ghost; then
         "$PYTHON" tools/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
     fi
     note "results in $OUT ($FAILURES failed run(s))"
