@@ -36,7 +36,7 @@ SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c
            shim/lock.c shim/log.c shim/mappings.c shim/mappings_evict.c shim/resolve.c \
            shim/stats.c shim/tables.c \
            shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
-           shim/vmm_ranges.c shim/vmm_exporter.c shim/vmm_ghost.c \
+           shim/vmm_ranges.c shim/vmm_predict.c shim/vmm_exporter.c shim/vmm_ghost.c \
            shim/fmt.c shim/keyset.c shim/marker.c shim/userdir.c \
            $(LEDGER_SRC) shim/exporter.c shim/release_helper.c
 # The release ledger alone (unit-tested without CUDA).
@@ -114,7 +114,7 @@ $(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 
 # The table, the settings parser and the ledger, tested alone: no CUDA, no
 # preload. calloc is wrapped so that a test can make the table's allocations fail.
-VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c
+VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c shim/vmm_predict.c
 $(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c shim/userdir.c \
                           shim/keyset.c shim/lock.c \
                           $(VMM_TABLE) $(LEDGER_SRC) shim/internal.h shim/vmm_table.h shim/ledger.h
@@ -242,7 +242,8 @@ bench:
 	@$(BUILT_LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
 
-# No GPU: the stand-in driver plays it; three runs without and with the library, alternating.
+# No GPU: the stand-in driver plays it; three runs without and with the library, alternating;
+# then each of the weight sync's other shapes (tools/standin_rl.c says which), once each way.
 $(BUILD)/tools/standin_rl: tools/standin_rl.c tests/fake_cuda.h tests/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
@@ -251,6 +252,10 @@ bench-standin: $(LIB) $(BUILD)/tools/standin_rl
 	@for run in 1 2 3; do \
 	    printf 'without: '; $(BUILD)/tools/standin_rl; \
 	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl; \
+	done
+	@for shape in one reversed shuffled buckets two; do \
+	    printf 'without: '; $(BUILD)/tools/standin_rl 22 200 $$shape; \
+	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl 22 200 $$shape; \
 	done
 
 # PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py (never committed).

@@ -119,6 +119,26 @@ struct ipcc_top_slot {
 };
 IPCC_HIDDEN const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c);
 
+/* ---- vmm_predict.c: which rebuild follows which (pure C, no CUDA) ------- */
+
+struct ipcc_vmm_successor;
+struct ipcc_vmm_predict {
+    struct ipcc_vmm_successor *slots;
+    size_t cap, n;
+};
+/* One thread's rebuilds: the last one's key (0: none yet), how many times
+ * in a row it came, and the key before that run. */
+struct ipcc_vmm_history {
+    uint64_t before, last;
+    uint64_t run;
+};
+IPCC_HIDDEN uint64_t ipcc_vmm_rebuild_key(uint64_t key, uint64_t offset, uint64_t handle);
+IPCC_HIDDEN void ipcc_vmm_predict_learn(struct ipcc_vmm_predict *p, struct ipcc_vmm_history *h,
+                                        uint64_t next);
+IPCC_HIDDEN uint64_t ipcc_vmm_predict_next(const struct ipcc_vmm_predict *p,
+                                           const struct ipcc_vmm_history *h);
+IPCC_HIDDEN void ipcc_vmm_predict_clear(struct ipcc_vmm_predict *p);
+
 /* ---- vmm_imports.c, vmm_ranges.c: the VMM path's table (pure C, no CUDA) -- */
 
 /* What identifies one export: the open file description behind a POSIX fd
@@ -194,12 +214,13 @@ IPCC_HIDDEN int ipcc_vmm_reserve_track(struct ipcc_vmm_table *t, uint64_t addr, 
 IPCC_HIDDEN int ipcc_vmm_reserve_reuse(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
                                        const uint64_t *handles, size_t n, uint64_t now_ns,
                                        uint64_t *addr);
+IPCC_HIDDEN void ipcc_vmm_rebuild_done(struct ipcc_vmm_table *t, struct ipcc_vmm_history *h,
+                                       uint64_t key);
 IPCC_HIDDEN int ipcc_vmm_reserve_next(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
-                                      const uint64_t *handles, size_t n, uint64_t after,
-                                      uint64_t now_ns, uint64_t *addr);
-IPCC_HIDDEN uint64_t ipcc_vmm_reserve_mapped(struct ipcc_vmm_table *t, uint64_t raddr,
-                                             uint64_t rsize, uint64_t addr, uint64_t handle,
-                                             uint64_t after);
+                                      const struct ipcc_vmm_history *h, uint64_t now_ns,
+                                      uint64_t *addr);
+IPCC_HIDDEN int ipcc_vmm_reserve_mapped(struct ipcc_vmm_table *t, uint64_t raddr,
+                                        uint64_t rsize, uint64_t addr, uint64_t handle);
 IPCC_HIDDEN enum ipcc_vmm_verdict ipcc_vmm_map(struct ipcc_vmm_table *t, uint64_t addr,
                                                uint64_t size, uint64_t handle, uint64_t now_ns,
                                                struct ipcc_vmm_ops *ops);

@@ -12,8 +12,8 @@
  *   - a free of a range holding only kept mappings keeps the range (idle);
  *   - a reserve of that size hands an idle range back: right after
  *     importing the allocations kept there, or (PyTorch reserves before it
- *     imports) the range that followed the previous rebuild's range last
- *     time; each map of the same allocation at the same place is then a
+ *     imports) the one holding what followed the thread's last two rebuilds
+ *     last time (vmm_predict.c); each map of the same allocation at the same place is then a
  *     no-op, and a set-access that would change nothing is skipped.
  * Everything else goes to the driver, after any kept mapping in the way has
  * really been unmapped, so the driver answers what it would without us
@@ -49,16 +49,18 @@ typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 /* This thread's rebuilds. handles: what it imported since its last reserve
  * (the chunks a rebuild's reserve may find kept together, or, when it
  * reserves first, the previous rebuild's). res_addr/res_size: its latest
- * reservation, until the first map of an import into it tells whether it
- * imported before or after reserving (reserve_first) and which tracked range
- * that rebuild used (last). */
+ * reservation, until it is freed; the first map of an import into it tells
+ * whether the thread imported before or after reserving (reserve_first), and
+ * each one adds to key, what the rebuild mapped (vmm_predict.c), learnt at
+ * the next reserve as what followed the earlier rebuilds (history). */
 static __thread struct {
     uint64_t handles[RECENT_MAX];
     size_t n;
     int overflow;
     uint64_t res_addr, res_size;
     int reserve_first;
-    uint64_t last;
+    uint64_t key;
+    struct ipcc_vmm_history history;
 } recent;
 
 /* ---- the table, fork ------------------------------------------------------ */
@@ -212,20 +214,19 @@ static int imported_since_reserve(uint64_t handle)
     return 0;
 }
 
-/* A map of handle at ptr succeeded (or was a hit); lock held. The first one
- * of an import into this thread's latest reservation says which order the
- * thread rebuilds in and which range the rebuild used (tracked from now on). */
+/* A map of handle at ptr succeeded (or was a hit); lock held. An import
+ * mapped into this thread's latest reservation is part of its rebuild (the
+ * range tracked from now on); the first says which order the thread
+ * rebuilds in. */
 static void note_map(struct ipcc_vmm_table *t, uint64_t ptr, uint64_t handle)
 {
     if (!recent.res_size || ptr < recent.res_addr || ptr - recent.res_addr >= recent.res_size)
         return;
-    uint64_t serial =
-        ipcc_vmm_reserve_mapped(t, recent.res_addr, recent.res_size, ptr, handle, recent.last);
-    if (!serial)
+    if (!ipcc_vmm_reserve_mapped(t, recent.res_addr, recent.res_size, ptr, handle))
         return; /* not an import: the app's own memory */
-    recent.reserve_first = imported_since_reserve(handle);
-    recent.last = serial;
-    recent.res_size = 0;
+    if (!recent.key)
+        recent.reserve_first = imported_since_reserve(handle);
+    recent.key = ipcc_vmm_rebuild_key(recent.key, ptr - recent.res_addr, handle);
 }
 
 int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t addr,
@@ -238,17 +239,20 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
     if (!t)
         return counted(real((CUdeviceptr *)ptr, size, align, addr, flags));
     size_t n = recent.overflow ? 0 : recent.n;
+    uint64_t ended = recent.key; /* the previous rebuild, complete */
     recent.n = 0;
     recent.overflow = 0;
+    recent.key = 0;
+    recent.res_size = 0;
     struct ipcc_vmm_ops ops = { 0 };
     int reused = 0;
     ipcc_lock();
+    ipcc_vmm_rebuild_done(t, &recent.history, ended);
     if (addr)
         ipcc_vmm_clear_range(t, addr, size, &ops); /* the hint may be ours: give way */
     else if (ptr && flags == 0 && n > 0 && (align & (align - 1)) == 0) /* else the driver's error */
         reused = recent.reserve_first
-                     ? ipcc_vmm_reserve_next(t, size, align, recent.handles, n, recent.last,
-                                             ipcc_now_ns(), ptr)
+                     ? ipcc_vmm_reserve_next(t, size, align, &recent.history, ipcc_now_ns(), ptr)
                      : ipcc_vmm_reserve_reuse(t, size, align, recent.handles, n, ipcc_now_ns(),
                                               ptr);
     ipcc_unlock();

@@ -100,6 +100,7 @@ void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)(int))
     }
     t->nimports = t->nres = t->nreleasing = 0;
     t->last_found = NULL;
+    ipcc_vmm_predict_clear(&t->predict);
     atomic_store(&t->gauges.idle_entries, 0);
     atomic_store(&t->gauges.idle_bytes, 0);
     atomic_store(&t->gauges.idle_reservations, 0);

@@ -11,10 +11,11 @@
  * Which idle range a reserve gets back depends on the app's order. If it
  * imports first (and then reserves), the range whose kept chunks it just
  * imported. PyTorch reserves first (c10's ExpandableSegment::fromShared):
- * at the reserve only the previous rebuild's imports are known, so the range
- * that followed that rebuild's range last time (next) is handed back. Either
- * way it is a guess the maps check: a map of another allocation unmaps the
- * kept one first, so a wrong guess costs driver calls, never a wrong mapping.
+ * at the reserve only the thread's earlier rebuilds are known, so the range
+ * whose last use mapped what followed those rebuilds last time
+ * (vmm_predict.c), wherever it lies. Either way it is a guess the maps check:
+ * a map of another allocation unmaps the kept one first, so a wrong guess
+ * costs driver calls, never a wrong mapping.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -70,17 +71,8 @@ int ipcc_vmm_reserve_track(struct ipcc_vmm_table *t, uint64_t addr, uint64_t siz
         return -1;
     r->addr = addr;
     r->size = size;
-    r->serial = ++t->serials;
     t->res[t->nres++] = r;
     return 0;
-}
-
-static struct ipcc_vmm_range *by_serial(const struct ipcc_vmm_table *t, uint64_t serial)
-{
-    for (size_t i = 0; serial && i < t->nres; i++)
-        if (t->res[i]->serial == serial)
-            return t->res[i];
-    return NULL;
 }
 
 /* An idle range a reserve of size (aligned to align) may have. */
@@ -94,6 +86,7 @@ static int hand_back(struct ipcc_vmm_table *t, struct ipcc_vmm_range *r, uint64_
 {
     set_idle(t, r, 0);
     r->blind = 0; /* a new reservation to the app: nothing of its own in it */
+    r->key = 0;   /* nothing mapped by this use yet */
     r->last_ns = now_ns;
     *addr = r->addr;
     return 1;
@@ -134,35 +127,66 @@ int ipcc_vmm_reserve_reuse(struct ipcc_vmm_table *t, uint64_t size, uint64_t ali
     return best ? hand_back(t, best, now_ns, addr) : 0;
 }
 
-/*
- * A reserve that comes before its imports (PyTorch's order). after: the
- * serial of this thread's latest rebuild's range, handles[]: that rebuild's
- * imports. Hands back the idle range that followed it last time (of size,
- * aligned to align); failing that, the one that followed another range
- * holding just those imports (an earlier rebuild of the same segment), most
- * recent first. 1 and *addr set, or 0.
- */
-int ipcc_vmm_reserve_next(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
-                          const uint64_t *handles, size_t n, uint64_t after, uint64_t now_ns,
-                          uint64_t *addr)
+/* A rebuild of this thread (history h) that mapped key just ended (its
+ * thread reserves again): learnt as what follows h's rebuilds. */
+void ipcc_vmm_rebuild_done(struct ipcc_vmm_table *t, struct ipcc_vmm_history *h, uint64_t key)
 {
-    struct ipcc_vmm_range *prev = by_serial(t, after);
-    struct ipcc_vmm_range *best = prev ? by_serial(t, prev->next) : NULL;
-    if (fits(best, size, align))
-        return hand_back(t, best, now_ns, addr);
-    best = NULL;
-    uint64_t best_ns = 0;
+    ipcc_vmm_predict_learn(&t->predict, h, key);
+}
+
+/* The most recently used idle range of size (aligned to align) whose last
+ * use mapped key; NULL if none. */
+static struct ipcc_vmm_range *idle_with_key(const struct ipcc_vmm_table *t, uint64_t size,
+                                            uint64_t align, uint64_t key)
+{
+    struct ipcc_vmm_range *best = NULL;
     for (size_t i = 0; i < t->nres; i++) {
         struct ipcc_vmm_range *r = t->res[i];
-        if (!r->next || (best && r->last_ns <= best_ns) || !chunks_match(r, handles, n))
-            continue;
-        struct ipcc_vmm_range *next = by_serial(t, r->next);
-        if (fits(next, size, align)) {
-            best = next;
-            best_ns = r->last_ns;
+        if (r->key == key && fits(r, size, align) && (!best || r->last_ns > best->last_ns))
+            best = r;
+    }
+    return best;
+}
+
+/* An idle range of size (aligned to align) that no rebuild needs more than
+ * another (another idle one holds what it holds), when such spares are a
+ * quarter of the tracked ranges or more; NULL otherwise. Below that a
+ * rebuild missing its range reserves a new one (there next time: in-order
+ * shapes heal); above, orders nothing predicts stop reserving ever more. */
+static struct ipcc_vmm_range *spare(const struct ipcc_vmm_table *t, uint64_t size, uint64_t align)
+{
+    struct ipcc_vmm_range *first = NULL;
+    size_t spares = 0;
+    for (size_t i = 0; i < t->nres; i++) {
+        struct ipcc_vmm_range *r = t->res[i];
+        for (size_t k = i + 1; fits(r, size, align) && k < t->nres; k++) {
+            if (t->res[k]->key == r->key && fits(t->res[k], size, align)) {
+                first = first ? first : r;
+                spares++;
+                break;
+            }
         }
     }
-    return best ? hand_back(t, best, now_ns, addr) : 0;
+    return spares * 4 >= t->nres ? first : NULL;
+}
+
+/*
+ * A reserve that comes before its imports (PyTorch's order), in a thread
+ * whose rebuilds so far are h: hands back an idle range (of size, aligned to
+ * align) whose last use mapped what followed h's rebuilds last time
+ * (vmm_predict.c), the most recently used first. Failing that, a spare one, so that orders
+ * nothing predicts reuse ranges rather than reserving ever more (the one a
+ * rebuild needs is reserved anew: the next time it is there). 1 and *addr
+ * set, or 0.
+ */
+int ipcc_vmm_reserve_next(struct ipcc_vmm_table *t, uint64_t size, uint64_t align,
+                          const struct ipcc_vmm_history *h, uint64_t now_ns, uint64_t *addr)
+{
+    uint64_t key = ipcc_vmm_predict_next(&t->predict, h);
+    struct ipcc_vmm_range *r = key ? idle_with_key(t, size, align, key) : NULL;
+    if (!r)
+        r = spare(t, size, align);
+    return r ? hand_back(t, r, now_ns, addr) : 0;
 }
 
 static int overlaps_tracked(const struct ipcc_vmm_table *t, uint64_t addr, uint64_t size)
@@ -177,12 +201,11 @@ static int overlaps_tracked(const struct ipcc_vmm_table *t, uint64_t addr, uint6
  * The app mapped handle at addr, inside [raddr, raddr+rsize): the latest
  * reservation of this thread. When handle is one of our imports, that
  * reservation holds a rebuild: tracked from now on if it was not (PyTorch
- * imports after its reserve), and noted as the range that followed the
- * range `after` in this thread's rebuilds. Returns its serial; 0 when handle
- * is not ours (the app's own memory) or it cannot be tracked.
+ * imports after its reserve). 1, or 0 when handle is not ours (the app's own
+ * memory) or it cannot be tracked.
  */
-uint64_t ipcc_vmm_reserve_mapped(struct ipcc_vmm_table *t, uint64_t raddr, uint64_t rsize,
-                                 uint64_t addr, uint64_t handle, uint64_t after)
+int ipcc_vmm_reserve_mapped(struct ipcc_vmm_table *t, uint64_t raddr, uint64_t rsize,
+                            uint64_t addr, uint64_t handle)
 {
     if (!ipcc_vmm_import_of(t, handle))
         return 0;
@@ -193,10 +216,7 @@ uint64_t ipcc_vmm_reserve_mapped(struct ipcc_vmm_table *t, uint64_t raddr, uint6
         r = t->res[t->nres - 1];
         r->blind = 1; /* the app may have mapped its own memory here already */
     }
-    struct ipcc_vmm_range *prev = by_serial(t, after);
-    if (prev)
-        prev->next = r->serial;
-    return r->serial;
+    return 1;
 }
 
 /* ---- chunks ---------------------------------------------------------------- */
@@ -288,6 +308,7 @@ enum ipcc_vmm_verdict ipcc_vmm_map(struct ipcc_vmm_table *t, uint64_t addr, uint
             c->nseen = 0; /* the app's new mapping: no access yet */
             c->imp->last_ns = now_ns;
             r->last_ns = now_ns;
+            r->key = ipcc_vmm_rebuild_key(r->key, addr - r->addr, handle);
             return IPCC_VMM_DONE;
         }
     }
@@ -312,8 +333,10 @@ void ipcc_vmm_map_done(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size, u
     c->size = size;
     c->imp = ipcc_vmm_import_of(t, handle);
     c->adopted = 1;
-    if (c->imp)
+    if (c->imp) {
         c->imp->bytes = size; /* a map covers exactly its allocation */
+        r->key = ipcc_vmm_rebuild_key(r->key, addr - r->addr, handle);
+    }
     chunk_pin(t, c, 1, +1);
 }
 

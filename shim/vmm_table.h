@@ -45,8 +45,7 @@ struct ipcc_vmm_chunk {
 
 struct ipcc_vmm_range {
     uint64_t addr, size;
-    uint64_t serial;                   /* never reused: names it in next */
-    uint64_t next;                     /* serial of the range one thread's next rebuild used */
+    uint64_t key;                      /* what the app mapped since it got it (vmm_predict.c) */
     int idle;
     int blind;                         /* tracked only from a map into it: may hold mappings never seen */
     uint64_t last_ns;
@@ -62,7 +61,7 @@ struct ipcc_vmm_table {
     size_t nimports, capimports, caphandles;
     struct ipcc_vmm_range **res;
     size_t nres, capres;
-    uint64_t serials;                  /* the last range serial given */
+    struct ipcc_vmm_predict predict;   /* which rebuild follows which */
     uint64_t *releasing;               /* dropped imports' handles until really released */
     size_t nreleasing, capreleasing;
     struct ipcc_vmm_gauges gauges;

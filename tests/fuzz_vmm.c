@@ -676,30 +676,30 @@ static void do_get_access(struct thread *t, struct fuzz_vmm *v, uint64_t r)
 /* ---- whole rebuilds and releases (the consumer's own sequences) ----------- */
 
 /* c10's ExpandableSegment::fromShared (reserve first, receive and import
- * each chunk, map, set access), or import first and then reserve. */
-static void do_rebuild(struct thread *t, struct fuzz_vmm *v, uint64_t r)
+ * each chunk, map, set access; extra: granules reserved past them), or
+ * import first and then reserve, of exports e[0..n). The slot or -1. */
+static int rebuild_exports(struct thread *t, struct fuzz_vmm *v, const int *e, int n, int torch,
+                           unsigned extra)
 {
-    int n = 1 + (int)(r % 3), torch = (int)((r >> 2) % 2), held[3], names[3];
-    unsigned total = 0, extra = torch ? (unsigned)((r >> 3) % 3) : 0;
-    int e[3];
+    int held[3], names[3];
+    unsigned total = 0;
     for (int i = 0; i < n; i++) {
-        e[i] = (int)((r >> (5 + 3 * i)) % VMM_EXPORTS);
         if (!ensure_export(t, v, e[i]))
-            return;
+            return -1;
         names[i] = v->exp[e[i]].name;
         total += chunks_of_name(v, names[i]);
     }
     log_line(t, "vmm-rebuild %s, %d export(s)\n", torch ? "reserve first" : "import first", n);
     int k = torch ? reserve(t, v, total + extra, 0, 0, "") : -1;
     if (torch && k < 0)
-        return;
+        return -1;
     for (int i = 0; i < n; i++)
         held[i] = import_export(t, v, e[i], torch);
     int uids[3];
     for (int i = 0; i < n; i++)
         uids[i] = held[i] >= 0 ? v->held[held[i]].uid : -1;
     if (!torch && (k = reserve(t, v, total, 0, 0, "")) < 0)
-        return;
+        return -1;
     unsigned at = 0;
     for (int i = 0; i < n; i++) {
         int h = held_by_uid(v, uids[i]);
@@ -708,14 +708,23 @@ static void do_rebuild(struct thread *t, struct fuzz_vmm *v, uint64_t r)
         at += chunks_of_name(v, names[i]);
     }
     set_access(t, v, k, 0, total, 0, "rebuilt");
+    return k;
 }
 
-/* c10's unmapHandles: per chunk unmap and release, then free the range. */
-static void do_drop(struct thread *t, struct fuzz_vmm *v, uint64_t r)
+static void do_rebuild(struct thread *t, struct fuzz_vmm *v, uint64_t r)
 {
-    int k = live_res(t, v, r);
-    if (k < 0)
-        return;
+    int n = 1 + (int)(r % 3), torch = (int)((r >> 2) % 2);
+    unsigned extra = torch ? (unsigned)((r >> 3) % 3) : 0;
+    int e[3];
+    for (int i = 0; i < n; i++)
+        e[i] = (int)((r >> (5 + 3 * i)) % VMM_EXPORTS);
+    rebuild_exports(t, v, e, n, torch, extra);
+}
+
+/* c10's unmapHandles: per chunk unmap and release, then free the range
+ * (then a reserve at its address when hint). */
+static void drop_res(struct thread *t, struct fuzz_vmm *v, int k, int hint)
+{
     log_line(t, "vmm-drop r%d\n", k);
     for (int m = 0; m < v->nmap;) {
         if (v->map[m].res != k) {
@@ -729,7 +738,56 @@ static void do_drop(struct thread *t, struct fuzz_vmm *v, uint64_t r)
             release_held(t, v, i);
         m = 0;
     }
-    free_then_hint(t, v, k, 0, (r >> 8) % 3 == 0);
+    free_then_hint(t, v, k, 0, hint);
+}
+
+static void do_drop(struct thread *t, struct fuzz_vmm *v, uint64_t r)
+{
+    int k = live_res(t, v, r);
+    if (k >= 0)
+        drop_res(t, v, k, (r >> 8) % 3 == 0);
+}
+
+/* Step s's order of n segments: in order, reversed every other step,
+ * rotated by a step's worth, or shuffled anew each step. */
+static void sync_order(int *order, int n, int how, int s, uint64_t r)
+{
+    for (int i = 0; i < n; i++)
+        order[i] = how == 1 && s % 2 ? n - 1 - i : how == 2 ? (i + s) % n : i;
+    uint64_t bits = r >> (8 + 12 * s);
+    for (int i = n - 1; how == 3 && i > 0; i--) {
+        int j = (int)((bits >> (3 * i)) % (unsigned)(i + 1)), x = order[i];
+        order[i] = order[j];
+        order[j] = x;
+    }
+}
+
+/*
+ * Weight syncs: segments of neighbouring exports (each sharing its last
+ * with the next one's first, as neighbouring tensors share a chunk), rebuilt
+ * PyTorch's way for a few steps, the order changing as r picks (so that the
+ * reserve's prediction is right, wrong or stale), one at a time (each
+ * dropped before the next) or all at once (dropped in reverse).
+ */
+static void do_sync(struct thread *t, struct fuzz_vmm *v, uint64_t r)
+{
+    enum { SEGS = 4 };
+    int n = 2 + (int)(r % 3), order[SEGS], k[SEGS], how = (int)((r >> 2) % 4);
+    int one_at_a_time = (int)((r >> 4) % 2), steps = 2 + (int)((r >> 5) % 3);
+    for (int s = 0; s < steps; s++) {
+        sync_order(order, n, how, s, r);
+        log_line(t, "vmm-sync step %d: %d segment(s), order %d, %s\n", s, n, how,
+                 one_at_a_time ? "one at a time" : "all at once");
+        for (int i = 0; i < n; i++) {
+            int e[2] = { order[i] % VMM_EXPORTS, (order[i] + 1) % VMM_EXPORTS };
+            k[i] = rebuild_exports(t, v, e, 2, 1, 0);
+            if (one_at_a_time && k[i] >= 0)
+                drop_res(t, v, k[i], 0);
+        }
+        for (int i = n; !one_at_a_time && i-- > 0;)
+            if (k[i] >= 0 && v->res[k[i]].live)
+                drop_res(t, v, k[i], 0);
+    }
 }
 
 void vmm_drain(struct thread *t, struct fuzz_vmm *v)
@@ -773,7 +831,7 @@ static const struct { vmm_op_fn fn; unsigned weight; } vmm_ops[] = {
     { do_create, 4 }, { do_export, 5 }, { do_import, 14 }, { do_release, 9 },
     { do_reserve, 6 }, { do_map, 12 }, { do_unmap, 8 }, { do_set_access, 6 },
     { do_get_access, 5 }, { do_free, 5 }, { do_recycle, 2 }, { do_rebuild, 6 },
-    { do_drop, 5 },
+    { do_drop, 5 }, { do_sync, 3 },
 };
 
 void vmm_op(struct thread *t, struct fuzz_vmm *v, uint64_t r)

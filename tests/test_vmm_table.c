@@ -430,34 +430,187 @@ Test(vmm_table, inexact_calls_go_to_the_driver, .timeout = 10)
 }
 
 /* Reserving before importing (PyTorch's order): a map of an import tracks
- * the reservation and links it after the previous rebuild's range; a later
- * reserve after that rebuild's imports gets the range that followed. A map
- * of memory not imported tracks nothing. */
-Test(vmm_table, reserve_first_gets_the_range_that_followed, .timeout = 10)
+ * the reservation (a map of memory not imported tracks nothing); a later
+ * reserve gets the idle range whose last use mapped what followed the
+ * thread's earlier rebuilds, wherever it lies, and only one of its size. */
+Test(vmm_table, reserve_first_gets_the_range_of_what_follows, .timeout = 10)
 {
     const uint64_t S = R + 64 * G;
     struct ipcc_vmm_table *t = built();
     add(t, 102, 3, 0xa3);
-    uint64_t first = ipcc_vmm_reserve_mapped(t, R, 4 * G, R, 0xa1, 0);
-    cr_assert_neq(first, 0);
-    cr_assert_eq(ipcc_vmm_reserve_mapped(t, S, G, S, 0x99, first), 0, "the app's own");
-    uint64_t second = ipcc_vmm_reserve_mapped(t, S, G, S, 0xa3, first);
-    cr_assert_neq(second, 0);
-    cr_assert_neq(second, first);
+    cr_assert_eq(ipcc_vmm_reserve_mapped(t, R, 4 * G, R, 0xa1), 1, "tracked already");
+    cr_assert_eq(ipcc_vmm_reserve_mapped(t, S, G, S, 0x99), 0, "the app's own");
+    cr_assert_eq(ipcc_vmm_reserve_mapped(t, S, G, S, 0xa3), 1, "tracked from its first map");
     ipcc_vmm_map_done(t, S, G, 0xa3);
     release_all(t);
     struct ipcc_vmm_ops ops = { 0 };
     cr_assert_eq(ipcc_vmm_unmap(t, S, G, 5, &ops), IPCC_VMM_DONE);
     cr_assert_eq(ipcc_vmm_release(t, 0xa3, 5), IPCC_RELEASE_OK);
     cr_assert_eq(ipcc_vmm_free(t, S, G, 5, &ops), IPCC_VMM_DONE);
-    const uint64_t before[] = { 0xa1, 0xa2 }, other[] = { 0xa3 };
+    /* The thread's rebuilds: R's (a1 at 0, a2 at G), then S's (a3 at 0). */
+    uint64_t first = ipcc_vmm_rebuild_key(ipcc_vmm_rebuild_key(0, 0, 0xa1), G, 0xa2);
+    uint64_t second = ipcc_vmm_rebuild_key(0, 0, 0xa3);
+    struct ipcc_vmm_history h = { 0 }, other = { 0 };
     uint64_t addr = 0;
-    cr_assert_eq(ipcc_vmm_reserve_next(t, 2 * G, 0, before, 2, first, 9, &addr), 0, "size");
-    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, other, 1, 0, 9, &addr), 0, "no successor");
-    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, before, 2, 0, 9, &addr), 1,
-                 "found by the previous rebuild's imports alone");
+    ipcc_vmm_rebuild_done(t, &h, first);
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, &h, 9, &addr), 0, "nothing learnt yet");
+    ipcc_vmm_rebuild_done(t, &h, second);
+    ipcc_vmm_rebuild_done(t, &h, first); /* the next step: S's rebuild follows R's */
+    cr_assert_eq(ipcc_vmm_reserve_next(t, 2 * G, 0, &h, 9, &addr), 0, "size");
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, &other, 9, &addr), 0, "no history");
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, &h, 9, &addr), 1, "what followed");
     cr_assert_eq(addr, S);
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, &h, 9, &addr), 0, "handed back already");
     ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* The range handed back is found by what it holds: after a wrong guess put
+ * another rebuild's mappings in it, the range now holding the predicted
+ * rebuild's is the one handed back. */
+Test(vmm_table, reserve_first_follows_what_a_range_holds_now, .timeout = 10)
+{
+    const uint64_t S = R + 64 * G;
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 1, 0xa1);
+    add(t, 101, 2, 0xa2);
+    struct ipcc_vmm_ops ops = { 0 };
+    const uint64_t at[2] = { R, S }, handle[2] = { 0xa1, 0xa2 };
+    for (int i = 0; i < 2; i++) { /* R holds a1, S holds a2, both idle */
+        cr_assert_eq(ipcc_vmm_reserve_track(t, at[i], G), 0);
+        cr_assert_eq(ipcc_vmm_map(t, at[i], G, handle[i], 1, &ops), IPCC_VMM_PASS);
+        ipcc_vmm_map_done(t, at[i], G, handle[i]);
+        cr_assert_eq(ipcc_vmm_unmap(t, at[i], G, 2, &ops), IPCC_VMM_DONE);
+        cr_assert_eq(ipcc_vmm_free(t, at[i], G, 2 + (uint64_t)i, &ops), IPCC_VMM_DONE);
+    }
+    uint64_t k1 = ipcc_vmm_rebuild_key(0, 0, 0xa1), k2 = ipcc_vmm_rebuild_key(0, 0, 0xa2);
+    struct ipcc_vmm_history h = { 0 };
+    ipcc_vmm_rebuild_done(t, &h, k2);
+    ipcc_vmm_rebuild_done(t, &h, k1); /* a1's rebuild follows a2's */
+    ipcc_vmm_rebuild_done(t, &h, k2);
+    uint64_t addr = 0;
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, &h, 9, &addr), 1);
+    cr_assert_eq(addr, R, "the range holding a1");
+    /* A wrong guess: a2 mapped into R (a1 gives way), then R freed again. */
+    cr_assert_eq(ipcc_vmm_map(t, R, G, 0xa2, 10, &ops), IPCC_VMM_PASS);
+    cr_assert_eq(ops.n, 1, "the kept a1 really unmapped first");
+    ipcc_vmm_map_done(t, R, G, 0xa2);
+    cr_assert_eq(ipcc_vmm_unmap(t, R, G, 11, &ops), IPCC_VMM_DONE);
+    cr_assert_eq(ipcc_vmm_free(t, R, G, 11, &ops), IPCC_VMM_DONE);
+    ipcc_vmm_rebuild_done(t, &h, k1); /* a2 -> a1 learnt again; now after a1: a2 */
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, &h, 12, &addr), 1);
+    cr_assert_eq(addr, R, "the most recently used of the two holding a2");
+    free(ops.v);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* With nothing predicted, a reserve-first rebuild gets a spare range (one
+ * whose mappings another idle range holds too), so that orders nothing
+ * predicts stop reserving more; never the only range holding something. */
+Test(vmm_table, reserve_first_unpredicted_takes_a_spare, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 100, 1, 0xa1);
+    add(t, 101, 2, 0xa2);
+    struct ipcc_vmm_ops ops = { 0 };
+    const uint64_t at[3] = { R, R + 64 * G, R + 128 * G }, handle[3] = { 0xa1, 0xa2, 0xa2 };
+    for (int i = 0; i < 3; i++) { /* a1, a2, a2 kept, idle */
+        cr_assert_eq(ipcc_vmm_reserve_track(t, at[i], G), 0);
+        cr_assert_eq(ipcc_vmm_map(t, at[i], G, handle[i], 1, &ops), IPCC_VMM_PASS);
+        ipcc_vmm_map_done(t, at[i], G, handle[i]);
+        cr_assert_eq(ipcc_vmm_unmap(t, at[i], G, 2, &ops), IPCC_VMM_DONE);
+        cr_assert_eq(ipcc_vmm_free(t, at[i], G, 2, &ops), IPCC_VMM_DONE);
+    }
+    struct ipcc_vmm_history h = { 0 };
+    uint64_t addr = 0;
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, &h, 3, &addr), 1, "a spare");
+    cr_assert(addr == at[1] || addr == at[2], "one of the two holding a2");
+    cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, &h, 4, &addr), 0, "a1 and a2 held once each");
+    cr_assert_eq(ops.n, 0);
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
+/* ---- vmm_predict.c alone ---- */
+
+static uint64_t key_of(uint64_t handle)
+{
+    return ipcc_vmm_rebuild_key(0, 0, handle);
+}
+
+/* Plays keys[] n times over (reversed every other pass when asked) and
+ * counts the rebuilds of the last pass whose key was predicted first. */
+static int predicted_last_pass(const uint64_t *keys, int n, int passes, int reverse)
+{
+    struct ipcc_vmm_predict p = { 0 };
+    struct ipcc_vmm_history h = { 0 };
+    int hits = 0;
+    for (int pass = 0; pass < passes; pass++) {
+        for (int i = 0; i < n; i++) {
+            uint64_t k = keys[reverse && pass % 2 ? n - 1 - i : i];
+            if (pass == passes - 1)
+                hits += ipcc_vmm_predict_next(&p, &h) == k;
+            ipcc_vmm_predict_learn(&p, &h, k);
+        }
+    }
+    ipcc_vmm_predict_clear(&p);
+    return hits;
+}
+
+/* A rebuild's key is what it mapped, in any order, never 0; offsets count. */
+Test(vmm_predict, key_is_what_was_mapped, .timeout = 10)
+{
+    uint64_t ab = ipcc_vmm_rebuild_key(ipcc_vmm_rebuild_key(0, 0, 0xa1), G, 0xa2);
+    uint64_t ba = ipcc_vmm_rebuild_key(ipcc_vmm_rebuild_key(0, G, 0xa2), 0, 0xa1);
+    cr_assert_eq(ab, ba);
+    cr_assert_neq(ab, ipcc_vmm_rebuild_key(ipcc_vmm_rebuild_key(0, 0, 0xa2), G, 0xa1));
+    cr_assert_neq(key_of(0xa1), ipcc_vmm_rebuild_key(0, G, 0xa1));
+    cr_assert_neq(ipcc_vmm_rebuild_key(0, 0, 0), 0);
+}
+
+/* In-order shapes are predicted every time once seen: repeats of one key
+ * (tensors in one chunk, two engines in turn) and orders that pass a key
+ * going both ways (reversed every other step) included. */
+Test(vmm_predict, in_order_shapes_predicted_once_seen, .timeout = 10)
+{
+    /* a layer: q, o, gate, down, norm, norm (the norms share a chunk) */
+    uint64_t keys[64];
+    int n = 0;
+    for (int l = 0; l < 8; l++) {
+        for (int k = 0; k < 4; k++)
+            keys[n++] = key_of(0x100 + (uint64_t)l * 8 + (uint64_t)k);
+        keys[n++] = key_of(0x1);
+        keys[n++] = key_of(0x1);
+    }
+    cr_assert_eq(predicted_last_pass(keys, n, 3, 0), n, "one at a time");
+    uint64_t twice[128];
+    for (int i = 0; i < n; i++)
+        twice[2 * i] = twice[2 * i + 1] = keys[i];
+    cr_assert_eq(predicted_last_pass(twice, 2 * n, 3, 0), 2 * n, "two engines in turn");
+    /* reversed every other pass: all but the turn, where the run of the
+     * last key joins the next pass's */
+    cr_assert_geq(predicted_last_pass(keys, n, 5, 1), n - 3, "reversed every other step");
+}
+
+/* Nothing learnt, nothing predicted; the table grows past its first size
+ * and keeps answering; a full one still learns (replacing). */
+Test(vmm_predict, grows_and_forgets, .timeout = 10)
+{
+    struct ipcc_vmm_predict p = { 0 };
+    struct ipcc_vmm_history h = { 0 };
+    cr_assert_eq(ipcc_vmm_predict_next(&p, &h), 0);
+    static uint64_t keys[40000];
+    for (int i = 0; i < 40000; i++)
+        keys[i] = key_of((uint64_t)i + 1);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < 40000; i++)
+            ipcc_vmm_predict_learn(&p, &h, keys[i]);
+    int hits = 0;
+    for (int i = 0; i < 40000; i++) {
+        hits += ipcc_vmm_predict_next(&p, &h) == keys[i];
+        ipcc_vmm_predict_learn(&p, &h, keys[i]);
+    }
+    cr_assert_gt(hits, 20000, "most of 80,000 contexts in 65,536 slots (%d)", hits);
+    ipcc_vmm_predict_clear(&p);
+    cr_assert_eq(ipcc_vmm_predict_next(&p, &h), 0, "cleared");
 }
 
 /* A range tracked only from a map into it may hold mappings the table never
@@ -470,7 +623,7 @@ Test(vmm_table, blind_range_keeps_nothing_it_cannot_see, .timeout = 10)
     add(t, 100, 1, 0xa1);
     add(t, 101, 2, 0xa2);
     const uint64_t B = R + 128 * G, S = R + 256 * G;
-    cr_assert_neq(ipcc_vmm_reserve_mapped(t, B, 3 * G, B, 0xa1, 0), 0);
+    cr_assert_neq(ipcc_vmm_reserve_mapped(t, B, 3 * G, B, 0xa1), 0);
     ipcc_vmm_map_done(t, B, G, 0xa1);
     ipcc_vmm_map_done(t, B + 2 * G, G, 0xa2);
     struct ipcc_vmm_ops ops = { 0 };
@@ -484,7 +637,7 @@ Test(vmm_table, blind_range_keeps_nothing_it_cannot_see, .timeout = 10)
     cr_assert_eq(ops.v[1].op, IPCC_VMM_UNMAP);
     cr_assert_eq(ipcc_vmm_free(t, B, 3 * G, 6, &ops), IPCC_VMM_PASS, "forgotten");
     cr_assert_eq(ops.n, 2);
-    cr_assert_neq(ipcc_vmm_reserve_mapped(t, S, 2 * G, S, 0xa1, 0), 0);
+    cr_assert_neq(ipcc_vmm_reserve_mapped(t, S, 2 * G, S, 0xa1), 0);
     ipcc_vmm_map_done(t, S, G, 0xa1);
     ipcc_vmm_map_done(t, S + G, G, 0xa2);
     cr_assert_eq(ipcc_vmm_unmap(t, S, 2 * G, 7, &ops), IPCC_VMM_DONE, "no hole: kept");

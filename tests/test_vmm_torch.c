@@ -151,6 +151,93 @@ Test(vmm_torch, alternating_features_are_all_hits, .timeout = 20)
     expect_no_stale_handles();
 }
 
+/* Each storage of params[] rebuilt, checked and dropped before the next (a
+ * load_weights generator's order), in order[], each `times` times in a row
+ * (two engines served in turn). The step's driver work. */
+static uint64_t one_at_a_time_step(const struct trainer *tr, const struct param *params,
+                                   const int *order, int n, int times)
+{
+    struct fakevmm_counters before = vmm();
+    for (int i = 0; i < n; i++) {
+        for (int e = 0; e < times; e++) {
+            struct rebuilt r;
+            rebuild_param(tr, &params[order[i]], &r);
+            expect_right_memory(tr, &params[order[i]], &r);
+            destroy(&r);
+        }
+    }
+    return driver_work(before, vmm());
+}
+
+/* Two decoder layers: neighbours share their boundary chunk, the norms
+ * share one small-pool chunk (rebuilt once each, in a row). */
+static const struct param layers[] = {
+    { 0, 0, 2 }, { 0, 1, 1 }, { 0, 1, 3 }, { 0, 3, 2 }, { 1, 0, 1 }, { 1, 0, 1 },
+    { 0, 4, 2 }, { 0, 5, 1 }, { 0, 5, 2 }, { 0, 6, 1 }, { 1, 1, 1 }, { 1, 1, 1 },
+};
+#define NLAYERS ((int)(sizeof(layers) / sizeof(layers[0])))
+
+static void in_order(int *order, int reversed)
+{
+    for (int i = 0; i < NLAYERS; i++)
+        order[i] = reversed ? NLAYERS - 1 - i : i;
+}
+
+/* One tensor at a time, the same order every step (issue 17: 4 rebuilds in 5
+ * were wrong guesses before): from the third step on no driver work at all;
+ * the same with each tensor rebuilt twice in a row (two engines in turn). */
+Test(vmm_torch, one_at_a_time_steps_are_all_hits, .timeout = 20)
+{
+    int order[NLAYERS];
+    in_order(order, 0);
+    struct trainer tr;
+    trainer_start(&tr);
+    for (int times = 1; times <= 2; times++) {
+        one_at_a_time_step(&tr, layers, order, NLAYERS, times);
+        one_at_a_time_step(&tr, layers, order, NLAYERS, times);
+        for (int step = 3; step <= 5; step++)
+            cr_assert_eq(one_at_a_time_step(&tr, layers, order, NLAYERS, times), 0,
+                         "%d engine(s): step %d did driver work", times, step);
+    }
+    expect_no_stale_handles();
+}
+
+/* The order reversed every other step: once both ways are seen, only the
+ * turn between them may cost (at most a tenth of a cold step's work);
+ * a shuffled order costs a step no more than a step without the cache (the
+ * first one: everything real). Every storage maps the right memory. */
+Test(vmm_torch, changing_orders_cost_no_more_than_without, .timeout = 20)
+{
+    int order[NLAYERS];
+    struct trainer tr;
+    trainer_start(&tr);
+    in_order(order, 0);
+    uint64_t cold = one_at_a_time_step(&tr, layers, order, NLAYERS, 1);
+    for (int step = 2; step <= 4; step++) {
+        in_order(order, step % 2);
+        one_at_a_time_step(&tr, layers, order, NLAYERS, 1);
+    }
+    for (int step = 5; step <= 8; step++) {
+        in_order(order, step % 2);
+        uint64_t work = one_at_a_time_step(&tr, layers, order, NLAYERS, 1);
+        cr_assert_leq(work * 10, cold, "reversed, step %d: %lu of %lu", step, (unsigned long)work,
+                      (unsigned long)cold);
+    }
+    unsigned seed = 17;
+    for (int step = 0; step < 8; step++) {
+        in_order(order, 0);
+        for (int i = NLAYERS - 1; i > 0; i--) {
+            int j = (int)(rand_r(&seed) % (unsigned)(i + 1)), x = order[i];
+            order[i] = order[j];
+            order[j] = x;
+        }
+        uint64_t work = one_at_a_time_step(&tr, layers, order, NLAYERS, 1);
+        cr_assert_leq(work, cold, "shuffled, step %d: %lu of %lu", step, (unsigned long)work,
+                      (unsigned long)cold);
+    }
+    expect_no_stale_handles();
+}
+
 /* A message whose segments changed (a chunk replaced, one more storage):
  * whatever the cache handed back, every storage maps the right memory. */
 Test(vmm_torch, changed_message_maps_the_right_memory, .timeout = 20)

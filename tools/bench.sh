@@ -13,6 +13,10 @@
 # 4. tools/bench_torch_vmm.py (torch): PyTorch, legacy IPC and expandable
 #    segments, A/B/A: rebuild + use + release of a 1 MiB slice of a 512 MiB
 #    pool, and the RL weight-sync pattern (134 tensors, 2.35 GiB per step).
+#    With the part "shapes": the weight sync's shapes of issue 17 (one tensor
+#    at a time, reversed every other step, shuffled, all at once, 512 MiB
+#    buckets, two engines in turn), both allocators, A/B/A, steps/s, per-step
+#    ms and the engine's VMM map hits (--quick with BENCH_QUICK=1).
 # 5. tests/gpu/ghost_free.cu (ghost): what the exporter's free of exported
 #    memory costs with 0, 1 and 8 importers holding idle mappings, and its
 #    allocation and free of other memory, A/B/A (the preload on both sides).
@@ -26,7 +30,7 @@
 #   BENCH_OUT     results folder (default results/<yyyymmdd>-<gpu-name>)
 #   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
-#   BENCH_PARTS   which parts run (default "ipc sglang vmm torch ghost")
+#   BENCH_PARTS   which parts run (default "ipc sglang vmm torch shapes ghost")
 #   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
 set -u -o pipefail
 
@@ -39,7 +43,7 @@ LIB=${IPCCACHE_LIB:-build/libipccache.so}
 QUICK=${BENCH_QUICK:-0}
 BUILD=build/bench
 FAILURES=0
-PARTS=" ${BENCH_PARTS:-ipc sglang vmm torch ghost} "
+PARTS=" ${BENCH_PARTS:-ipc sglang vmm torch shapes ghost} "
 
 if [ "$QUICK" = 1 ]; then
     REPS=${BENCH_REPS:-1}
@@ -214,6 +218,20 @@ bench_torch() {
     done
 }
 
+# The weight sync's shapes (issue 17), both allocators, A/B/A, GPU 0.
+bench_shapes() {
+    local alloc quick=()
+    [ "$QUICK" = 1 ] && quick=(--quick)
+    for alloc in legacy expandable; do
+        note "shapes $alloc"
+        timeout "$((RUN_TIMEOUT * 4))" env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF \
+            "$PYTHON" tools/bench_torch_vmm.py --alloc "$alloc" --shim "$LIB" "${quick[@]}" \
+            --shapes one,reversed,shuffled,all,buckets,two --stats-dir "$RAW/shapes_stats" \
+            --out "$RAW/shapes_$alloc.json" >"$RAW/shapes_$alloc.txt" 2>"$RAW/shapes_$alloc.log" ||
+            { note "shapes $alloc failed (see $RAW/shapes_$alloc.log)"; FAILURES=$((FAILURES + 1)); }
+    done
+}
+
 # The exporter's frees, 512 MiB, same GPU; the importers inherit the preload.
 bench_ghost() {
     local n
@@ -247,7 +265,7 @@ main() {
     local have_torch=0 started=$SECONDS
     DEVS=(0)
     [ "$NGPU" -ge 2 ] && DEVS=(0 1)
-    if part sglang || part torch; then
+    if part sglang || part torch || part shapes; then
         torch_ready && have_torch=1
         [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: the PyTorch benchmarks are skipped"
     fi
@@ -256,13 +274,14 @@ main() {
     if part ipc || part sglang; then bench_ipc_sglang "$have_torch"; fi
     if part vmm; then bench_vmm; fi
     if part torch && [ "$have_torch" = 1 ]; then bench_torch; fi
+    if part shapes && [ "$have_torch" = 1 ]; then bench_shapes; fi
     if part ghost; then bench_ghost; fi
     note "measurements took $((SECONDS - started)) s"
     if part ipc || part sglang; then
         "$PYTHON" tools/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
             FAILURES=$((FAILURES + 1))
     fi
-    if part vmm || part torch || part ghost; then
+    if part vmm || part torch || part shapes || part ghost; then
         "$PYTHON" tools/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
     fi
     note "results in $OUT ($FAILURES failed run(s))"

@@ -27,6 +27,18 @@ one run on the same producer memory.
            steps/s over the timed steps; the trainer's share (pickling)
            and the engine's rebuild / copy / drop medians beside.
 
+  --shapes the weight sync's shapes (issue 17) instead, one fresh engine per
+           phase and shape, so each engine's stats are its shape's alone:
+           one (each tensor pickled alone; the engine rebuilds, copies and
+           drops it before the next, same order every step), reversed (the
+           same, order reversed every other step), shuffled (a new order
+           every step), all (the rl message above), buckets (the parameters
+           flattened into --bucket-mb buckets, each rebuilt, unpacked and
+           dropped in turn), two (two engines, served one tensor at a time in
+           turn). Per step: the trainer's median and steps/s; with the cache,
+           the engine's VMM imports, maps and map hits. --quick: 4 layers, 8
+           timed steps, no features (a few minutes for both allocators).
+
 Output: one JSON file (--out) with every phase's figures and, when
 IPCCACHE_STATS_FILE is given (with %p), the consumer's stats line; a short
 summary on stdout.
@@ -57,6 +69,10 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=30, help="rl: timed steps per consumer (0: skip)")
     p.add_argument("--warmup", type=int, default=3, help="untimed features/steps first")
     p.add_argument("--stats-dir", help="write each consumer's ipccache stats line here")
+    p.add_argument("--shapes", help="comma list of one,reversed,shuffled,all,buckets,two: the "
+                   "weight sync's shapes instead of features and rl")
+    p.add_argument("--bucket-mb", type=int, default=512, help="shapes: a flattened bucket's size")
+    p.add_argument("--quick", action="store_true", help="shapes: 4 layers, 8 steps")
     p.add_argument("--out", help="JSON result")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one reply")
     return p.parse_args(argv)
@@ -102,6 +118,10 @@ def consumer_main(conn, device):
             weights = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in payload]
             conn.send("ok")
             continue
+        if kind in ("one", "buckets"):
+            bad += rebuild_pieces(torch, weights, kind, value, payload)
+            conn.send("ack")
+            continue
         t0 = time.perf_counter()
         shared = pickle.loads(payload)
         t1 = time.perf_counter()
@@ -130,6 +150,24 @@ def consumer_main(conn, device):
             times["rl_release"].append(t3 - t2)
         conn.send("ack")
     conn.send({"pid": os.getpid(), "bad": bad, "times": times})
+
+
+def rebuild_pieces(torch, weights, kind, mark, payload):
+    """Shapes: each piece rebuilt, copied into the engine's weights and
+    dropped before the next; 1 when the mark (in weights[0]) is wrong."""
+    check = False
+    for idx, blob in payload:
+        piece = pickle.loads(blob)
+        if kind == "one":
+            weights[idx].copy_(piece)
+            check |= idx == 0
+        else:  # a bucket: idx lists (weight, offset, numel)
+            for w, off, numel in idx:
+                weights[w].view(-1).copy_(piece[off:off + numel])
+                check |= w == 0
+        del piece
+    torch.cuda.synchronize()
+    return int(check and int(weights[0][0, 0].item()) != mark)
 
 
 # ------------------------------------------------------------------ producer
@@ -188,6 +226,111 @@ def run_rl(torch, params, conn, a):
             steps.append(time.perf_counter() - t0)
             shares.append(shared - t0)
     return steps, shares, time.perf_counter() - begun
+
+
+def step_order(shape, step, n):
+    order = list(range(n))
+    if shape == "reversed" and step % 2:
+        order.reverse()
+    if shape == "shuffled":
+        import random
+        random.Random(step).shuffle(order)
+    return order
+
+
+def make_buckets(torch, params, a):
+    """Flat bf16 buckets of --bucket-mb (allocated once) and which parameter
+    lies where: [(bucket, [(param, offset, numel), ...])]."""
+    cap = (a.bucket_mb << 20) // 2
+    layout, cur, used = [], [], 0
+    for i, p in enumerate(params):
+        if cur and used + p.numel() > cap:
+            layout.append((used, cur))
+            cur, used = [], 0
+        cur.append((i, used, p.numel()))
+        used += p.numel()
+    layout.append((used, cur))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        bufs = [torch.empty(n, dtype=torch.bfloat16, device=0) for n, _ in layout]
+    torch.cuda.synchronize()
+    return [(b, parts) for b, (_, parts) in zip(bufs, layout)]
+
+
+def run_shape(torch, params, conns, a, shape, buckets):
+    """Steps of one shape; trainer seconds per timed step and the timed wall time."""
+    from multiprocessing.reduction import ForkingPickler
+
+    dump = lambda t: bytes(ForkingPickler.dumps(t))
+    for c in conns:
+        request(c, ("rl_shapes", 0, [tuple(p.shape) for p in params], False), a.timeout)
+    steps, begun = [], None
+    for i in range(a.warmup + a.steps):
+        mark = i % 200 + 1
+        params[0][0, 0] = mark
+        if shape == "buckets":
+            for b, parts in buckets:
+                for w, off, numel in parts:
+                    b[off:off + numel].copy_(params[w].view(-1))
+        torch.cuda.synchronize()
+        if i == a.warmup:
+            begun = time.perf_counter()
+        t0 = time.perf_counter()
+        timed = i >= a.warmup
+        if shape == "all":
+            request(conns[0], ("rl", mark, dump(params), timed), a.timeout)
+        elif shape == "buckets":
+            for b, parts in buckets:
+                request(conns[0], ("buckets", mark, [(parts, dump(b))], timed), a.timeout)
+        else:
+            for idx in step_order(shape, i, len(params)):
+                msg = ("one", mark, [(idx, dump(params[idx]))], timed)
+                for c in conns:  # two: the engines in turn, one tensor each
+                    request(c, msg, a.timeout)
+        if timed:
+            steps.append(time.perf_counter() - t0)
+    return steps, time.perf_counter() - begun
+
+
+def main_shapes(torch, mp, a, params):
+    """Every shape, legacy or expandable as the run's --alloc, A/B/A."""
+    shapes = a.shapes.split(",")
+    buckets = make_buckets(torch, params, a) if "buckets" in shapes else None
+    ctx = mp.get_context("spawn")
+    runs = [(label, shim, shape) for shape in shapes for label, shim in PHASES]
+    rows = []
+    for label, shim, shape in runs:  # fresh engines: stats of this shape alone
+        tag = "%s_%s_%s" % (a.alloc, label, shape)
+        engines = [spawn(ctx, 0, shim, a, "%s_e%d" % (tag, e)) for e in range(2 if shape == "two" else 1)]
+        for _, conn in engines:
+            if not conn.poll(a.timeout) or conn.recv() != "ready":
+                raise TimeoutError("an engine did not start")
+        steps, wall = run_shape(torch, params, [c for _, c in engines], a, shape, buckets)
+        row = {"shape": shape, "phase": label, "cache": "on" if shim else "off",
+               "step_ms_p50": round(statistics.median(steps) * 1e3, 2),
+               "steps_per_s": round(len(steps) / wall, 2), "steps": len(steps)}
+        bad, stats = 0, []
+        for e, (proc, conn) in enumerate(engines):
+            report = request(conn, None, a.timeout)
+            proc.join(a.timeout)
+            bad += report["bad"] + (proc.exitcode != 0)
+            if shim:
+                stats.append(read_stats(a, "%s_e%d" % (tag, e), report["pid"]) or {})
+        row["values_ok"] = bad == 0
+        if shim:
+            for k in ("vmm_imports", "vmm_import_hits", "vmm_maps", "vmm_map_hits", "vmm_access_skips"):
+                row[k] = sum(st.get(k, 0) for st in stats)
+        rows.append(row)
+        print("alloc=%s shape=%s phase=%s cache=%s step_ms=%s steps_per_s=%s vmm_maps=%s vmm_map_hits=%s"
+              " values_ok=%d" % (a.alloc, shape, label, row["cache"], row["step_ms_p50"], row["steps_per_s"],
+                                 row.get("vmm_maps", "-"), row.get("vmm_map_hits", "-"), row["values_ok"]),
+              flush=True)
+    result = {"alloc": a.alloc, "rl_tensors": len(params), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name(0), "warmup": a.warmup, "shapes": rows}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0 if all(r["values_ok"] for r in rows) else 1
 
 
 def spawn(ctx, device, shim, a, tag):
@@ -258,6 +401,8 @@ def run_phase(torch, a, pool, params, consumer, label, shim, device):
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.quick:
+        a.layers, a.steps = min(a.layers, 4), min(a.steps, 8)
     if a.alloc == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     else:
@@ -276,6 +421,8 @@ def main(argv=None):
         with torch.cuda.stream(side):
             params = [torch.zeros(s, dtype=torch.bfloat16, device=0) for s in model_shapes(a)]
         torch.cuda.synchronize()
+    if a.shapes:
+        return main_shapes(torch, mp, a, params)
     ctx = mp.get_context("spawn")
     devices = [int(d) for d in a.consumer_devices.split(",")]
     # Every consumer starts at once (start-up is the slow part) and waits for

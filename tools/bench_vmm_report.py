@@ -5,7 +5,7 @@ usage: bench_vmm_report.py RESULTS_DIR [--append FILE]
 
 Reads RESULTS_DIR/raw/: vmm_rebuild_d<D>_<pass>.txt (tests/gpu/vmm_rebuild.c),
 legacy_pair_d<D>.csv (tools/ipcbench.cu, driver API, 512 MiB),
-torch_<alloc>.json (tools/bench_torch_vmm.py), ghost_free_i<N>_<pass>.txt
+torch_<alloc>.json and shapes_<alloc>.json (tools/bench_torch_vmm.py), ghost_free_i<N>_<pass>.txt
 (tests/gpu/ghost_free.cu) and the B passes' stats lines. Prints markdown
 tables with the performance targets and whether each was met; writes
 RESULTS_DIR/vmm_summary.json; with --append adds the tables to FILE (in place
@@ -239,6 +239,55 @@ def rl_markdown(res, verdicts):
 
 # -------------------------------------------------------------- exporter free
 
+SHAPES_IN_ORDER = ("one", "all", "buckets", "two")
+
+
+def load_shapes(raw):
+    """shapes_<alloc>.json (bench_torch_vmm.py --shapes): {alloc: {(shape, phase): row}}."""
+    res = {}
+    for alloc in ("legacy", "expandable"):
+        text = read(os.path.join(raw, "shapes_%s.json" % alloc))
+        if text:
+            res[alloc] = {(r["shape"], r["phase"]): r for r in json.loads(text)["shapes"]}
+    return res
+
+
+def shapes_markdown(res, verdicts):
+    """Issue 17's table: per-step ms without (mean of A1, A2) / with, both
+    allocators, and the expandable engine's VMM map hits with the cache."""
+    if "expandable" not in res:
+        return []
+    names = sorted({k[0] for k in res["expandable"]}, key=lambda n: (n not in SHAPES_IN_ORDER, n))
+    md = ["", "### Weight-sync shapes (median step, ms; without / with; steps/s with)", "",
+          "| shape | legacy | expandable | expandable steps/s | VMM map hits with the cache |",
+          "| --- | --- | --- | --- | --- |"]
+    for name in names:
+        cells = []
+        for alloc in ("legacy", "expandable"):
+            rows = res.get(alloc, {})
+            off = [rows[(name, p)]["step_ms_p50"] for p in ("A1", "A2") if (name, p) in rows]
+            on = rows.get((name, "B"))
+            cells.append("%s / %s" % (round(sum(off) / len(off), 2) if off else "-",
+                                      on["step_ms_p50"] if on else "-"))
+        b = res["expandable"].get((name, "B"), {})
+        maps, hits = b.get("vmm_maps", 0), b.get("vmm_map_hits", 0)
+        md.append("| %s | %s | %s | %s | %s of %s (%s%%) |" % (
+            name, cells[0], cells[1], b.get("steps_per_s", "-"), hits, maps,
+            round(100.0 * hits / maps, 1) if maps else "-"))
+        leg = res.get("legacy", {}).get((name, "B"))
+        off = [res["expandable"][(name, p)]["step_ms_p50"] for p in ("A1", "A2")
+               if (name, p) in res["expandable"]]
+        if name in SHAPES_IN_ORDER and leg and b:
+            ratio = b["step_ms_p50"] / leg["step_ms_p50"]
+            verdicts.append(("shape %s: expandable with the cache within 1.2x of legacy with it" % name,
+                             "%.2fx" % ratio, ratio <= 1.2))
+        elif b and off:
+            mean = sum(off) / len(off)
+            verdicts.append(("shape %s: expandable with the cache no slower than without" % name,
+                             "%s vs %.2f ms" % (b["step_ms_p50"], mean), b["step_ms_p50"] <= mean))
+    return md
+
+
 def load_ghost(raw):
     rows = []
     for n in (0, 1, 8):
@@ -284,10 +333,12 @@ def main(argv=None):
     a = ap.parse_args(argv)
     raw = os.path.join(a.results_dir, "raw")
     vmm, res, ghost, verdicts = load_vmm(raw), load_torch(raw), load_ghost(raw), []
+    shapes = load_shapes(raw)
     md = [MARK, "", "## VMM path, PyTorch allocators, exporter frees", ""]
     md += vmm_markdown(vmm)
     if res:
         md += feature_markdown(res, verdicts) + rl_markdown(res, verdicts)
+    md += shapes_markdown(shapes, verdicts)
     md += ghost_markdown(ghost)
     md += ["", "Targets:", ""]
     md += ["- %s: %s, **%s**" % (what, got, "met" if ok else "not met") for what, got, ok in verdicts]
@@ -295,6 +346,7 @@ def main(argv=None):
     print(text)
     with open(os.path.join(a.results_dir, "vmm_summary.json"), "w") as f:
         json.dump({"vmm": vmm, "torch": res, "ghost": ghost,
+                   "shapes": {a: list(rows.values()) for a, rows in shapes.items()},
                    "targets": [{"what": w, "got": g, "met": ok} for w, g, ok in verdicts]}, f, indent=1)
     if a.append:
         before = read(a.append).split(MARK)[0]

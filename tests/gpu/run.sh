@@ -276,6 +276,24 @@ torch_suite() {
         "real_opens==1" "hits>=$((TORCH_ITERS - 1))" "errors==0"
 }
 
+# Issue 17's one-tensor-at-a-time weight sync under expandable segments
+# (tools/bench_torch_vmm.py --shapes one --quick: 26 tensors, 11 steps, A/B/A):
+# the engine's values right in every phase, and with the cache at least 80%
+# of its maps hits (the first step is all real, later ones should be all hits).
+torch_shapes_suite() {
+    local out=$OUT_DIR/torch_shapes.json log=$OUT_DIR/torch_shapes.txt rc=0
+    timeout "$RUN_TIMEOUT" env -u LD_PRELOAD python3 "$HERE/../../tools/bench_torch_vmm.py" --alloc expandable \
+        --shim "$LIB" --shapes one --quick --stats-dir "$OUT_DIR/torch_shapes_stats" \
+        --out "$out" >"$log" 2>&1 || rc=$?
+    sed 's/^/    /' "$log" | grep 'shape=' || true
+    check torch_shapes_one_values test "$rc" = 0
+    check torch_shapes_one_map_hits python3 -c '
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["shapes"] if r["cache"] == "on"]
+sys.exit(not rows or any(r["vmm_maps"] == 0 or r["vmm_map_hits"] * 100 < 80 * r["vmm_maps"] for r in rows))
+' "$out"
+}
+
 # PyTorch with expandable_segments:True: the producer's pool is an expandable
 # segment, and every message makes the consumer rebuild it (import per chunk,
 # reserve, map per chunk, set-access) and release it. The consumer must read
@@ -404,6 +422,7 @@ main() {
     if torch_ready; then
         torch_suite
         torch_vmm_suite
+        torch_shapes_suite
         if [ "$NGPU" -ge 2 ]; then
             torch_vmm_suite --device-consumer 1
         fi
