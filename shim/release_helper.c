@@ -45,8 +45,12 @@ static struct { struct ipcc_proc who; size_t handles; } exporters[MAX_EXPORTERS]
 /* Handles freed by their exporter while the program still used them. */
 static struct ipcc_keyset doomed;
 static _Atomic uint64_t ghost;
-/* -1: not registered; -2: registration failed (no ledger, no slot). */
+/* -1: not registered; -2: registration failed (no ledger, no slot, no
+ * helper thread): then this process is as one without the ledger. */
 static _Atomic int slot = -1;
+/* Set by our exit handler, which runs before cudart tears the driver down:
+ * from then on the helper makes no driver call. */
+static _Atomic int exiting;
 
 uint64_t ipcc_ghost_bytes(void)
 {
@@ -59,9 +63,11 @@ uint64_t ipcc_ghost_bytes(void)
 static uint64_t close_idle_of(const unsigned char *handle)
 {
     struct ipcc_victim v[BATCH];
-    uint64_t live;
+    uint64_t live = 0;
     size_t n;
     do {
+        if (atomic_load(&exiting))
+            return live;
         live = 0;
         ipcc_lock();
         n = ipcc_cache_take_idle_by_handle(ipcc_table(), handle, v, BATCH, &live);
@@ -85,6 +91,8 @@ static void forget_seen(struct seen *s)
 /* The exporter freed (or took with it) the allocation behind handle. */
 static void let_go(const unsigned char *handle)
 {
+    if (atomic_load(&exiting))
+        return;
     ipcc_vmm_ghost_let_go(handle); /* a VMM export's tag: vmm_ghost.c */
     uint64_t live = close_idle_of(handle);
     struct seen *s;
@@ -190,9 +198,10 @@ static void relax_capture_mode(void)
 static void *helper_main(void *arg)
 {
     int me = (int)(intptr_t)arg;
+    ipcc_ledger_helper_started(me);
     relax_capture_mode();
     uint64_t last_check = ipcc_now_ns();
-    for (;;) {
+    while (!atomic_load(&exiting)) {
         uint32_t rung = ipcc_ledger_doorbell(me);
         answer_requests(me);
         if (ipcc_now_ns() - last_check >= CHECK_EVERY_NS) {
@@ -205,8 +214,9 @@ static void *helper_main(void *arg)
 }
 
 /* Detached, and deaf to every signal: the program's handlers run on its
- * own threads as before. The caller's mask is restored at once. */
-static void start_helper(int me)
+ * own threads as before. The caller's mask is restored at once. 0, or the
+ * error of pthread_create. */
+static int start_helper(int me)
 {
     sigset_t all, saved;
     pthread_t t;
@@ -218,14 +228,15 @@ static void start_helper(int me)
     int rc = pthread_create(&t, &attr, helper_main, (void *)(intptr_t)me);
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
     pthread_attr_destroy(&attr);
-    if (rc != 0)
-        ipcc_log(IPCC_LOG_WARN, "cannot start the release helper thread; exporters' frees "
-                                "will wait for this process in vain");
+    return rc;
 }
 
+/* The slot first, so that no exporter asks us any more; then the helper
+ * stops before its next driver call. */
 static void unregister_at_exit(void)
 {
     ipcc_ledger_unregister(atomic_load(&slot));
+    atomic_store(&exiting, 1);
 }
 
 /* Fork child: no helper runs here and the slot is the parent's. */
@@ -258,11 +269,22 @@ static int my_slot(void)
         return atomic_load(&slot); /* another thread is at it */
     pthread_once(&fork_once, watch_forks);
     s = ipcc_ledger_register();
+    if (s == -2)
+        ipcc_log(IPCC_LOG_INFO, "release ledger: all %d importer slots are held by live "
+                                "processes; this one's idle mappings are bounded by the caps "
+                                "only", IPCC_LEDGER_IMPORTERS);
     if (s < 0)
         return -2;
+    int rc = start_helper(s);
+    if (rc != 0) { /* nobody would answer: exporters must not wait for us */
+        ipcc_ledger_unregister(s);
+        ipcc_log(IPCC_LOG_INFO, "cannot start the release helper thread (%s); this process "
+                                "does not use the release ledger: its idle mappings are "
+                                "bounded by the caps only", strerror(rc));
+        return -2;
+    }
     atomic_store(&slot, s);
     ipcc_atexit(unregister_at_exit);
-    start_helper(s);
     return s;
 }
 
