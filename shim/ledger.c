@@ -359,13 +359,20 @@ int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const vo
 
 /* ---- importers ------------------------------------------------------------ */
 
-/* A tid of 0 is a helper still starting: its creator gives the slot back
- * if it cannot start. Only a live owner's slot is asked (its start time
- * written last, after the helper word was cleared), so the tid is its own. */
+/* Whether the slot's helper thread has started and still runs. Only a
+ * live owner's slot is asked (its start time written last, after the
+ * helper word was cleared), so a tid read here is its own. */
 int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid)
 {
     int32_t tid = atomic_load_explicit(&s->helper, memory_order_acquire);
-    return tid == 0 || syscall(SYS_tgkill, pid, tid, 0) == 0 || errno != ESRCH;
+    return tid != 0 && (syscall(SYS_tgkill, pid, tid, 0) == 0 || errno != ESRCH);
+}
+
+/* The helper started and is gone: its process exec()ed. A tid of 0 is a
+ * helper still starting (its creator gives the slot back if it cannot). */
+static int helper_gone(struct ipcc_ledger_importer *s, int32_t pid)
+{
+    return atomic_load(&s->helper) != 0 && !ipcc_ledger_helper_runs(s, pid);
 }
 
 /* Free, or its owner died, or exec()ed (same pid and start time, but its
@@ -378,7 +385,7 @@ static int claim_importer(struct ipcc_ledger_importer *s, int32_t me)
     if (owner == me)
         return 0;
     if (owner != 0 && ipcc_proc_alive(owner, atomic_load(&s->start)) &&
-        ipcc_ledger_helper_runs(s, owner))
+        !helper_gone(s, owner))
         return 0;
     return atomic_compare_exchange_strong(&s->pid, &owner, me);
 }
@@ -407,12 +414,28 @@ int ipcc_ledger_register(void)
     return -2;
 }
 
-/* Called on the helper thread itself: from now on the slot is asked only
- * while that thread runs. */
+/* The helper word as a futex (any aligned 32-bit word is one). */
+static _Atomic uint32_t *helper_word(int slot)
+{
+    return (_Atomic uint32_t *)(void *)&ledger->importers[slot].helper;
+}
+
+/* Called on the helper thread itself: from now on the slot is asked, while
+ * that thread runs. */
 void ipcc_ledger_helper_started(int slot)
 {
     atomic_store_explicit(&ledger->importers[slot].helper, (int32_t)syscall(SYS_gettid),
                           memory_order_release);
+    ipcc_futex_wake(helper_word(slot));
+}
+
+/* Until the slot's helper has named itself, at most about ns (in slices:
+ * a wake-up may come early). */
+void ipcc_ledger_await_helper(int slot, uint64_t ns)
+{
+    enum { SLICES = 8 };
+    for (int i = 0; i < SLICES && atomic_load(&ledger->importers[slot].helper) == 0; i++)
+        ipcc_futex_wait(helper_word(slot), 0, ns / SLICES);
 }
 
 /* Gives the slot back, if it is still ours. Never blocks (exit path). The

@@ -59,6 +59,22 @@ uint64_t ipcc_ghost_bytes(void)
 
 /* ---- closing what an exporter let go of ------------------------------- */
 
+/* Closes victims one by one until our exit began; those left are unlisted
+ * (a close by the program must not wait for them) and left to the
+ * process's end. Returns how many were closed. */
+static size_t close_until_exit(const struct ipcc_victim *v, size_t n)
+{
+    size_t done = 0;
+    for (; done < n && !atomic_load(&exiting); done++)
+        ipcc_close_listed_victims(&v[done], 1, 0);
+    if (done < n) {
+        ipcc_lock();
+        ipcc_closing_remove(v + done, n - done);
+        ipcc_unlock();
+    }
+    return done;
+}
+
 /* Closes the idle mappings of handle; returns the bytes still referenced. */
 static uint64_t close_idle_of(const unsigned char *handle)
 {
@@ -73,8 +89,7 @@ static uint64_t close_idle_of(const unsigned char *handle)
         n = ipcc_cache_take_idle_by_handle(ipcc_table(), handle, v, BATCH, &live);
         ipcc_closing_add(v, n);
         ipcc_unlock();
-        ipcc_close_listed_victims(v, n, 0);
-        IPCC_ADD(releases_on_request, n);
+        IPCC_ADD(releases_on_request, close_until_exit(v, n));
     } while (n == BATCH);
     return live;
 }
@@ -195,6 +210,11 @@ static void relax_capture_mode(void)
         ipcc_driver()->thread_capture_mode(&mode);
 }
 
+/* Exporters ask a slot only once its helper named itself there: the
+ * first watch waits for that (microseconds; bounded, and a helper slower
+ * than that is not asked until it runs). */
+#define NAMING_WAIT_NS (1000ULL * 1000 * 1000)
+
 static void *helper_main(void *arg)
 {
     int me = (int)(intptr_t)arg;
@@ -228,6 +248,8 @@ static int start_helper(int me)
     int rc = pthread_create(&t, &attr, helper_main, (void *)(intptr_t)me);
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
     pthread_attr_destroy(&attr);
+    if (rc == 0)
+        ipcc_ledger_await_helper(me, NAMING_WAIT_NS);
     return rc;
 }
 

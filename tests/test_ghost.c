@@ -690,12 +690,16 @@ Test(ghost, exec_importers_slot_is_taken_over, .timeout = 15)
 
 Test(ghost, importer_without_a_helper_thread_is_as_without_the_ledger, .timeout = 15)
 {
-    /* When the helper thread cannot be created (a pids limit), the importer gives its slot back: frees do not wait, and its caps alone bound what it keeps. */
+    /* When the helper thread cannot be created (a pids limit), the importer gives its slot back (one of 64) and asks no exporter to ring it: frees do not wait, and its caps alone bound what it keeps. */
     struct peer exp, imp;
     start_pair_unwaited(&exp, &imp);
     struct exported e = export(&exp, 16 * MIB);
     cr_assert_eq(ok(&imp, ask(&imp, "deny_threads")), 0);
     int idx = import(&imp, &e, 1);
+    struct ipcc_ledger_file *f = map_ledger(0);
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        cr_assert_neq(atomic_load(&f->importers[i].pid), imp.pid, "it holds slot %d in vain", i);
+    munmap(f, sizeof(*f));
     free_exported(&exp, &e);
     cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "kept, as without the ledger");
     cr_assert_eq(finish(&imp), 0);
@@ -979,6 +983,21 @@ Test(ghost, vmm_dead_importer_is_not_waited_for, .timeout = 15)
     kill_peer(&imp);
     vmm_release(&exp, &e);
     cr_assert(eq(u64, phys(), 0));
+    finish(&exp);
+}
+
+Test(ghost, vmm_exec_importer_is_not_waited_for, .timeout = 15)
+{
+    /* On the VMM path too, an importer that exec()ed (its helper gone, its slot kept) is not waited for, chunk after chunk. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct vmm_exported a = vmm_export(&exp, 16 * MIB), b = vmm_export(&exp, 16 * MIB);
+    vmm_import(&imp, &a, 1);
+    vmm_import(&imp, &b, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "exec")), 0);
+    vmm_release(&exp, &a);
+    vmm_release(&exp, &b);
+    finish(&imp);
     finish(&exp);
 }
 

@@ -300,6 +300,7 @@ static pid_t importer(int32_t exporter, int answer)
         int slot = ipcc_ledger_register();
         if (slot < 0)
             _exit(2);
+        ipcc_ledger_helper_started(slot); /* this thread answers */
         ipcc_ledger_watch(slot, exporter);
         uint32_t rung = ipcc_ledger_doorbell(slot);
         if (write(ready[1], "r", 1) != 1)
