@@ -57,7 +57,7 @@ run_side() {
     local side=$1 preload=$prefix
     [[ $side == with ]] && preload="${prefix:+$prefix:}$lib"
     LD_LIBRARY_PATH=$build/tests LD_PRELOAD=$preload \
-        IPCCACHE_STATS_FILE=$tmp/stats IPCCACHE_STATS_DIR=$tmp \
+        IPCCACHE_STATS_FILE=$tmp/stats IPCCACHE_STATS_DIR=$tmp IPCCACHE_RELEASE_WAIT_MS=15000 \
         timeout "${FUZZ_TIMEOUT:-20}" "$prog" "$2" "$3" >"$tmp/$side.out" 2>"$tmp/$side.err"
     echo "exit=$?" >>"$tmp/$side.out"
 }
