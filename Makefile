@@ -180,8 +180,9 @@ $(BUILD)/tests/probe: tests/probe.c $(FAKE)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
 
 # One run of the differential fuzzer; tests/fuzz.sh runs it in pairs.
-$(BUILD)/tests/fuzz: tests/fuzz.c tests/fuzz_vmm.c tests/fuzz.h tests/fake_cuda.h tests/fake_vmm.h $(FAKE)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/fuzz.c tests/fuzz_vmm.c -ldl -lpthread
+$(BUILD)/tests/fuzz: tests/fuzz.c tests/fuzz_vmm.c tests/fuzz_ledger.c tests/fuzz.h tests/fake_cuda.h \
+                    tests/fake_vmm.h $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/fuzz.c tests/fuzz_vmm.c tests/fuzz_ledger.c -ldl -lpthread
 
 # Installs missing Debian packages first (as root), then builds and runs.
 # The build's command lines are not shown (its warnings and errors are).

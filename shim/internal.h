@@ -535,6 +535,8 @@ IPCC_HIDDEN int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner);
 IPCC_HIDDEN int ipcc_ledger_unpublished(void);
 IPCC_HIDDEN int ipcc_ledger_register(void);
 IPCC_HIDDEN void ipcc_ledger_unregister(int slot);
+IPCC_HIDDEN void ipcc_ledger_helper_started(int slot);
+IPCC_HIDDEN void ipcc_ledger_await_helper(int slot, uint64_t ns);
 IPCC_HIDDEN void ipcc_ledger_watch(int slot, int32_t exporter_pid);
 IPCC_HIDDEN void ipcc_ledger_unwatch(int slot, int32_t exporter_pid);
 IPCC_HIDDEN uint32_t ipcc_ledger_doorbell(int slot);

@@ -3,7 +3,7 @@
  * exported allocations and the importers' slots. Requests live in
  * ledger_request.c; the layout in ledger.h.
  *
- * One file per user, "release-ledger-v1" in the per-user directory (0700, so
+ * One file per user, "release-ledger-v2" in the per-user directory (0700, so
  * another user can neither read nor write it), opened without following links
  * and refused unless it is a regular file of ours, mode 0600, of the expected
  * size. Without it (no directory, refused, out of memory) nothing breaks:
@@ -124,7 +124,7 @@ static int open_file(int dir)
 }
 
 /* A regular file of ours, 0600, of our size or still empty (its creator is
- * about to size it: sizing it twice is harmless). */
+ * about to size it). */
 static const char *check_file(int fd)
 {
     struct stat st;
@@ -136,11 +136,18 @@ static const char *check_file(int fd)
         return "owned by another user";
     if ((st.st_mode & 07777) != 0600)
         return "mode is not 0600";
-    if (st.st_size == 0 && ftruncate(fd, sizeof(struct ipcc_ledger_file)) != 0)
-        return "cannot size it";
     if (st.st_size != 0 && (uint64_t)st.st_size != sizeof(struct ipcc_ledger_file))
         return "wrong size (another version?)";
     return NULL;
+}
+
+/* Sizes the file with its blocks allocated for real: a sparse file on a
+ * full file system would fault (SIGBUS) at the first store to a page.
+ * Every opener does it (a no-op once done), so a file sized by a process
+ * that found room is never trusted blindly by one that maps it later. */
+static int reserve_blocks(int fd)
+{
+    return posix_fallocate(fd, 0, (off_t)sizeof(struct ipcc_ledger_file));
 }
 
 /* The first process to map the file stamps it; any other stamp is refused. */
@@ -150,6 +157,12 @@ static const char *check_magic(struct ipcc_ledger_file *f)
     if (atomic_compare_exchange_strong(&f->magic, &zero, IPCC_LEDGER_MAGIC))
         return NULL;
     return zero == IPCC_LEDGER_MAGIC ? NULL : "unknown format";
+}
+
+static void say_no_ledger(int level, const char *why)
+{
+    ipcc_log(level, "release ledger %s not used (%s): frees of exported memory will not wait "
+                    "for importers", IPCC_LEDGER_NAME, why);
 }
 
 static void open_ledger(void)
@@ -163,14 +176,19 @@ static void open_ledger(void)
     int fd = open_file(dir);
     close(dir);
     const char *why = fd < 0 ? strerror(errno) : check_file(fd);
+    int no_room = why ? 0 : reserve_blocks(fd);
     void *map = MAP_FAILED;
-    if (!why) {
+    if (!why && !no_room) {
         map = mmap(NULL, sizeof(struct ipcc_ledger_file), PROT_READ | PROT_WRITE, MAP_SHARED,
                    fd, 0);
         why = map == MAP_FAILED ? "cannot map it" : check_magic(map);
     }
     if (fd >= 0)
         close(fd);
+    if (no_room) { /* a full disk is the operator's to fix, not a fault of ours */
+        say_no_ledger(IPCC_LOG_INFO, strerror(no_room));
+        return;
+    }
     if (why) {
         if (map != MAP_FAILED)
             munmap(map, sizeof(struct ipcc_ledger_file));
@@ -341,16 +359,39 @@ int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const vo
 
 /* ---- importers ------------------------------------------------------------ */
 
+/* Whether the slot's helper thread has started and still runs. Only a
+ * live owner's slot is asked (its start time written last, after the
+ * helper word was cleared), so a tid read here is its own. */
+int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid)
+{
+    int32_t tid = atomic_load_explicit(&s->helper, memory_order_acquire);
+    return tid != 0 && (syscall(SYS_tgkill, pid, tid, 0) == 0 || errno != ESRCH);
+}
+
+/* The helper started and is gone: its process exec()ed. A tid of 0 is a
+ * helper still starting (its creator gives the slot back if it cannot). */
+static int helper_gone(struct ipcc_ledger_importer *s, int32_t pid)
+{
+    return atomic_load(&s->helper) != 0 && !ipcc_ledger_helper_runs(s, pid);
+}
+
+/* Free, or its owner died, or exec()ed (same pid and start time, but its
+ * helper thread died with the old image). Our own pid's slot is taken over
+ * by someone else, never by us: reclaiming it would write the same pid
+ * back, and a compare-and-swap could not tell our claim from theirs. */
 static int claim_importer(struct ipcc_ledger_importer *s, int32_t me)
 {
     int32_t owner = atomic_load(&s->pid);
-    if (owner != 0 && ipcc_proc_alive(owner, atomic_load(&s->start)))
+    if (owner == me)
+        return 0;
+    if (owner != 0 && ipcc_proc_alive(owner, atomic_load(&s->start)) &&
+        !helper_gone(s, owner))
         return 0;
     return atomic_compare_exchange_strong(&s->pid, &owner, me);
 }
 
-/* Takes an importer slot for this process: its index, or -1 (no ledger, or
- * 64 live importers already). */
+/* Takes an importer slot for this process: its index, -1 without a ledger,
+ * -2 when 64 live importers hold every slot. */
 int ipcc_ledger_register(void)
 {
     if (!ipcc_ledger_ready())
@@ -361,6 +402,7 @@ int ipcc_ledger_register(void)
         if (!claim_importer(s, me.pid))
             continue;
         atomic_store(&s->start, 0);
+        atomic_store(&s->helper, 0);
         atomic_store(&s->any, 0);
         for (int w = 0; w < IPCC_LEDGER_WATCH; w++)
             atomic_store(&s->watch[w], 0);
@@ -369,16 +411,46 @@ int ipcc_ledger_register(void)
         atomic_store_explicit(&s->start, me.start, memory_order_release);
         return i;
     }
-    return -1;
+    return -2;
 }
 
-/* Gives the slot back, if it is still ours. Never blocks (exit path). */
+/* The helper word as a futex (any aligned 32-bit word is one). */
+static _Atomic uint32_t *helper_word(int slot)
+{
+    return (_Atomic uint32_t *)(void *)&ledger->importers[slot].helper;
+}
+
+/* Called on the helper thread itself: from now on the slot is asked, while
+ * that thread runs. */
+void ipcc_ledger_helper_started(int slot)
+{
+    atomic_store_explicit(&ledger->importers[slot].helper, (int32_t)syscall(SYS_gettid),
+                          memory_order_release);
+    ipcc_futex_wake(helper_word(slot));
+}
+
+/* Until the slot's helper has named itself, at most about ns (in slices:
+ * a wake-up may come early). */
+void ipcc_ledger_await_helper(int slot, uint64_t ns)
+{
+    enum { SLICES = 8 };
+    for (int i = 0; i < SLICES && atomic_load(&ledger->importers[slot].helper) == 0; i++)
+        ipcc_futex_wait(helper_word(slot), 0, ns / SLICES);
+}
+
+/* Gives the slot back, if it is still ours. Never blocks (exit path). The
+ * helper word is cleared first: a newcomer's slot must not look like one
+ * whose helper died. */
 void ipcc_ledger_unregister(int slot)
 {
     if (!ledger || slot < 0)
         return;
+    struct ipcc_ledger_importer *s = &ledger->importers[slot];
     int32_t me = ipcc_proc_self().pid;
-    atomic_compare_exchange_strong(&ledger->importers[slot].pid, &me, 0);
+    if (atomic_load(&s->pid) != me)
+        return;
+    atomic_store(&s->helper, 0);
+    atomic_compare_exchange_strong(&s->pid, &me, 0);
 }
 
 /* Asks exporter_pid's frees to wake this slot; 0 (or a full list) means

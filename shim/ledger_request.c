@@ -43,9 +43,9 @@ static int watches(struct ipcc_ledger_importer *s, int32_t pid)
     return 0;
 }
 
-/* The importers, other than us, that may hold our handles and whose pid
- * runs (a signal-0 probe; a recycled pid is found by the wait's first
- * liveness check, which reads start times). */
+/* The importers, other than us, that may hold our handles, whose pid runs
+ * (a signal-0 probe; a recycled pid is found by the wait's first liveness
+ * check, which reads start times) and whose helper thread can answer. */
 static uint64_t importers_to_ask(struct ipcc_ledger_file *f, struct ipcc_proc me,
                                  int32_t pids[IPCC_LEDGER_IMPORTERS])
 {
@@ -53,7 +53,8 @@ static uint64_t importers_to_ask(struct ipcc_ledger_file *f, struct ipcc_proc me
     for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++) {
         struct ipcc_ledger_importer *s = &f->importers[i];
         int32_t pid = atomic_load(&s->pid);
-        if (pid == 0 || pid == me.pid || !watches(s, me.pid) || !ipcc_proc_alive(pid, 0))
+        if (pid == 0 || pid == me.pid || !watches(s, me.pid) || !ipcc_proc_alive(pid, 0) ||
+            !ipcc_ledger_helper_runs(s, pid))
             continue;
         pids[i] = pid;
         mask |= 1ULL << i;
@@ -75,11 +76,19 @@ static uint64_t unanswered(struct ipcc_ledger_file *f, int r, uint32_t gen, uint
         if (atomic_load_explicit(&s->acked[r], memory_order_acquire) == gen)
             continue;
         if ((pids && pid != pids[i]) ||
-            (check_alive && !ipcc_proc_alive(pid, atomic_load(&s->start))))
+            (check_alive && (!ipcc_proc_alive(pid, atomic_load(&s->start)) ||
+                             !ipcc_ledger_helper_runs(s, pid))))
             continue; /* gone, or its slot belongs to a newcomer */
         left |= 1ULL << i;
     }
     return left;
+}
+
+/* Takes request r if its state word still reads seen. */
+static int take_request(struct ipcc_ledger_request *q, uint32_t seen)
+{
+    uint32_t writing = (seen & ~3u) | IPCC_REQ_WRITING;
+    return atomic_compare_exchange_strong(&q->state, &seen, writing);
 }
 
 /* A free request slot, else a finished one nobody waits for, else the
@@ -87,30 +96,33 @@ static uint64_t unanswered(struct ipcc_ledger_file *f, int r, uint32_t gen, uint
 static int claim_request(struct ipcc_ledger_file *f, uint64_t now)
 {
     int oldest = -1;
+    uint32_t oldest_seen = 0;
     for (int r = 0; r < IPCC_LEDGER_REQUESTS; r++) {
-        uint32_t state = IPCC_REQ_FREE;
-        if (atomic_compare_exchange_strong(&f->requests[r].state, &state, IPCC_REQ_WRITING))
+        uint32_t seen = atomic_load(&f->requests[r].state);
+        if (IPCC_REQ_STATE(seen) == IPCC_REQ_FREE && take_request(&f->requests[r], seen))
             return r;
     }
     for (int r = 0; r < IPCC_LEDGER_REQUESTS; r++) {
         struct ipcc_ledger_request *q = &f->requests[r];
+        uint32_t seen = atomic_load(&q->state);
         uint64_t deadline = atomic_load(&q->deadline_ns);
-        if (atomic_load(&q->state) != IPCC_REQ_POSTED || deadline > now)
+        if (IPCC_REQ_STATE(seen) != IPCC_REQ_POSTED || deadline > now)
             continue;
-        uint32_t state = IPCC_REQ_POSTED;
-        if (!unanswered(f, r, atomic_load(&q->gen), atomic_load(&q->expected), NULL, 1) &&
-            atomic_compare_exchange_strong(&q->state, &state, IPCC_REQ_WRITING))
+        if (!unanswered(f, r, IPCC_REQ_GEN(seen), atomic_load(&q->expected), NULL, 1) &&
+            take_request(q, seen))
             return r;
-        if (oldest < 0 || deadline < atomic_load(&f->requests[oldest].deadline_ns))
+        if (oldest < 0 || deadline < atomic_load(&f->requests[oldest].deadline_ns)) {
             oldest = r;
+            oldest_seen = seen;
+        }
     }
-    uint32_t state = IPCC_REQ_POSTED;
-    if (oldest >= 0 &&
-        atomic_compare_exchange_strong(&f->requests[oldest].state, &state, IPCC_REQ_WRITING))
+    if (oldest >= 0 && take_request(&f->requests[oldest], oldest_seen))
         return oldest;
     return -1;
 }
 
+/* Writes the request (its slot is ours: WRITING) and posts it under the
+ * next generation; 0 is what a fresh importer slot has acknowledged. */
 static uint32_t post(struct ipcc_ledger_request *q, struct ipcc_proc me, const void *handle,
                      uint64_t mask, uint64_t deadline)
 {
@@ -119,11 +131,20 @@ static uint32_t post(struct ipcc_ledger_request *q, struct ipcc_proc me, const v
     memcpy(q->handle, handle, IPCC_HANDLE_BYTES);
     atomic_store(&q->expected, mask);
     atomic_store(&q->deadline_ns, deadline);
-    uint32_t gen = atomic_load(&q->gen) + 1;
-    gen += gen == 0; /* 0 is what a fresh importer slot has acknowledged */
-    atomic_store(&q->gen, gen);
-    atomic_store_explicit(&q->state, IPCC_REQ_POSTED, memory_order_release);
+    uint32_t gen = (IPCC_REQ_GEN(atomic_load(&q->state)) + 1) & (UINT32_MAX >> 2);
+    gen += gen == 0;
+    atomic_store_explicit(&q->state, gen << 2 | IPCC_REQ_POSTED, memory_order_release);
     return gen;
+}
+
+/* Frees request q if it is still generation gen: an exporter that was
+ * stopped past its deadline may find its slot taken by another exporter's
+ * live request, which it must leave posted. */
+static void finish_request(struct ipcc_ledger_request *q, uint32_t gen)
+{
+    uint32_t mine = gen << 2 | IPCC_REQ_POSTED;
+    atomic_compare_exchange_strong_explicit(&q->state, &mine, gen << 2 | IPCC_REQ_FREE,
+                                            memory_order_release, memory_order_relaxed);
 }
 
 static void ring(struct ipcc_ledger_file *f, uint64_t mask)
@@ -174,7 +195,7 @@ int ipcc_ledger_release(const void *handle, uint64_t wait_ns)
         check_alive = 1;
     }
     if (!left)
-        atomic_store_explicit(&q->state, IPCC_REQ_FREE, memory_order_release);
+        finish_request(q, gen);
     return __builtin_popcountll(left);
 }
 
@@ -190,15 +211,14 @@ int ipcc_ledger_next_ask(int slot, int from, struct ipcc_ledger_ask *ask)
     struct ipcc_ledger_importer *s = &f->importers[slot];
     for (int r = from < 0 ? 0 : from; r < IPCC_LEDGER_REQUESTS; r++) {
         struct ipcc_ledger_request *q = &f->requests[r];
-        if (atomic_load_explicit(&q->state, memory_order_acquire) != IPCC_REQ_POSTED)
-            continue;
-        uint32_t gen = atomic_load(&q->gen);
-        if (atomic_load(&s->acked[r]) == gen)
+        uint32_t seen = atomic_load_explicit(&q->state, memory_order_acquire);
+        uint32_t gen = IPCC_REQ_GEN(seen);
+        if (IPCC_REQ_STATE(seen) != IPCC_REQ_POSTED || atomic_load(&s->acked[r]) == gen)
             continue;
         memcpy(ask->handle, q->handle, IPCC_HANDLE_BYTES);
         atomic_thread_fence(memory_order_acquire);
         /* The copy counts only if the request did not change under it. */
-        if (atomic_load(&q->state) != IPCC_REQ_POSTED || atomic_load(&q->gen) != gen)
+        if (atomic_load(&q->state) != seen)
             continue;
         ask->index = r;
         ask->gen = gen;

@@ -45,8 +45,12 @@ static struct { struct ipcc_proc who; size_t handles; } exporters[MAX_EXPORTERS]
 /* Handles freed by their exporter while the program still used them. */
 static struct ipcc_keyset doomed;
 static _Atomic uint64_t ghost;
-/* -1: not registered; -2: registration failed (no ledger, no slot). */
+/* -1: not registered; -2: registration failed (no ledger, no slot, no
+ * helper thread): then this process is as one without the ledger. */
 static _Atomic int slot = -1;
+/* Set by our exit handler, which runs before cudart tears the driver down:
+ * from then on the helper makes no driver call. */
+static _Atomic int exiting;
 
 uint64_t ipcc_ghost_bytes(void)
 {
@@ -55,20 +59,37 @@ uint64_t ipcc_ghost_bytes(void)
 
 /* ---- closing what an exporter let go of ------------------------------- */
 
+/* Closes victims one by one until our exit began; those left are unlisted
+ * (a close by the program must not wait for them) and left to the
+ * process's end. Returns how many were closed. */
+static size_t close_until_exit(const struct ipcc_victim *v, size_t n)
+{
+    size_t done = 0;
+    for (; done < n && !atomic_load(&exiting); done++)
+        ipcc_close_listed_victims(&v[done], 1, 0);
+    if (done < n) {
+        ipcc_lock();
+        ipcc_closing_remove(v + done, n - done);
+        ipcc_unlock();
+    }
+    return done;
+}
+
 /* Closes the idle mappings of handle; returns the bytes still referenced. */
 static uint64_t close_idle_of(const unsigned char *handle)
 {
     struct ipcc_victim v[BATCH];
-    uint64_t live;
+    uint64_t live = 0;
     size_t n;
     do {
+        if (atomic_load(&exiting))
+            return live;
         live = 0;
         ipcc_lock();
         n = ipcc_cache_take_idle_by_handle(ipcc_table(), handle, v, BATCH, &live);
         ipcc_closing_add(v, n);
         ipcc_unlock();
-        ipcc_close_listed_victims(v, n, 0);
-        IPCC_ADD(releases_on_request, n);
+        IPCC_ADD(releases_on_request, close_until_exit(v, n));
     } while (n == BATCH);
     return live;
 }
@@ -85,6 +106,8 @@ static void forget_seen(struct seen *s)
 /* The exporter freed (or took with it) the allocation behind handle. */
 static void let_go(const unsigned char *handle)
 {
+    if (atomic_load(&exiting))
+        return;
     ipcc_vmm_ghost_let_go(handle); /* a VMM export's tag: vmm_ghost.c */
     uint64_t live = close_idle_of(handle);
     struct seen *s;
@@ -187,12 +210,18 @@ static void relax_capture_mode(void)
         ipcc_driver()->thread_capture_mode(&mode);
 }
 
+/* Exporters ask a slot only once its helper named itself there: the
+ * first watch waits for that (microseconds; bounded, and a helper slower
+ * than that is not asked until it runs). */
+#define NAMING_WAIT_NS (1000ULL * 1000 * 1000)
+
 static void *helper_main(void *arg)
 {
     int me = (int)(intptr_t)arg;
+    ipcc_ledger_helper_started(me);
     relax_capture_mode();
     uint64_t last_check = ipcc_now_ns();
-    for (;;) {
+    while (!atomic_load(&exiting)) {
         uint32_t rung = ipcc_ledger_doorbell(me);
         answer_requests(me);
         if (ipcc_now_ns() - last_check >= CHECK_EVERY_NS) {
@@ -205,8 +234,9 @@ static void *helper_main(void *arg)
 }
 
 /* Detached, and deaf to every signal: the program's handlers run on its
- * own threads as before. The caller's mask is restored at once. */
-static void start_helper(int me)
+ * own threads as before. The caller's mask is restored at once. 0, or the
+ * error of pthread_create. */
+static int start_helper(int me)
 {
     sigset_t all, saved;
     pthread_t t;
@@ -218,14 +248,17 @@ static void start_helper(int me)
     int rc = pthread_create(&t, &attr, helper_main, (void *)(intptr_t)me);
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
     pthread_attr_destroy(&attr);
-    if (rc != 0)
-        ipcc_log(IPCC_LOG_WARN, "cannot start the release helper thread; exporters' frees "
-                                "will wait for this process in vain");
+    if (rc == 0)
+        ipcc_ledger_await_helper(me, NAMING_WAIT_NS);
+    return rc;
 }
 
+/* The slot first, so that no exporter asks us any more; then the helper
+ * stops before its next driver call. */
 static void unregister_at_exit(void)
 {
     ipcc_ledger_unregister(atomic_load(&slot));
+    atomic_store(&exiting, 1);
 }
 
 /* Fork child: no helper runs here and the slot is the parent's. */
@@ -258,11 +291,22 @@ static int my_slot(void)
         return atomic_load(&slot); /* another thread is at it */
     pthread_once(&fork_once, watch_forks);
     s = ipcc_ledger_register();
+    if (s == -2)
+        ipcc_log(IPCC_LOG_INFO, "release ledger: all %d importer slots are held by live "
+                                "processes; this one's idle mappings are bounded by the caps "
+                                "only", IPCC_LEDGER_IMPORTERS);
     if (s < 0)
         return -2;
+    int rc = start_helper(s);
+    if (rc != 0) { /* nobody would answer: exporters must not wait for us */
+        ipcc_ledger_unregister(s);
+        ipcc_log(IPCC_LOG_INFO, "cannot start the release helper thread (%s); this process "
+                                "does not use the release ledger: its idle mappings are "
+                                "bounded by the caps only", strerror(rc));
+        return -2;
+    }
     atomic_store(&slot, s);
     ipcc_atexit(unregister_at_exit);
-    start_helper(s);
     return s;
 }
 

@@ -584,7 +584,7 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
     CHECK_DEINIT();
     if (!h) return CUDA_ERROR_INVALID_VALUE;
     lock();
-    int i = alloc_find(dptr, 1);
+    int i = alloc_find(dptr, 0); /* a pointer inside: the allocation's handle, as on a GPU */
     if (i >= 0) /* every export gets its own nonce */
         make_handle(h, (uint64_t)getpid(), g_alloc[i].serial, g_alloc[i].size, g_next_nonce++);
     unlock();

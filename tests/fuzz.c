@@ -8,7 +8,8 @@
  * push, pop, primary retain, release and reset, fork (the child runs a short
  * sub-sequence and exits), the stats signal to itself, resolver lookups, and
  * the VMM path's calls (tests/fuzz_vmm.c: imports, reserve, map, access,
- * release, free, whole rebuilds in either order). Settings the seed also
+ * release, free, whole rebuilds in either order); then, in some seeds, an
+ * exporter and importers in processes of their own (tests/fuzz_ledger.c). Settings the seed also
  * chooses: small IPCCACHE_* caps (one budget for both paths), a driver
  * without cuCtxGetId, how the driver is reached (resolver v1/v2, dlsym), how
  * often VMM calls come (never, in a quarter of the seeds), IPCCACHE_VMM=0.
@@ -834,5 +835,6 @@ int main(int argc, char **argv)
     for (int i = 0; i < nthreads; i++)
         fputs(threads[i].log ? threads[i].log : "", stdout);
     fflush(stdout);
+    ledger_peers(seed);
     return 0;
 }

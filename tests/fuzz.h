@@ -22,6 +22,10 @@ uint64_t next_random(uint64_t *s);
 unsigned pick(uint64_t *s, unsigned n);
 extern int nthreads;
 
+/* ---- the release ledger across processes (fuzz_ledger.c) ---- */
+
+void ledger_peers(uint64_t seed);
+
 /* ---- the VMM path (fuzz_vmm.c) ---- */
 
 #define VMM_ALLOCS 4   /* allocation slots of a thread (created, exportable) */

@@ -52,12 +52,14 @@ for v in $(compgen -e | grep -E '^(IPCCACHE|FAKECUDA)_'); do unset "$v"; done
 prefix=${IPCC_TEST_PRELOAD_PREFIX:-}
 
 # run_side with|without SEED KEEP: stdout and exit status to $tmp/SIDE.out,
-# stderr to $tmp/SIDE.err.
+# stderr to $tmp/SIDE.err. The run's own per-user folder: its release ledger
+# is not shared with other programs of the user.
 run_side() {
     local side=$1 preload=$prefix
     [[ $side == with ]] && preload="${prefix:+$prefix:}$lib"
     LD_LIBRARY_PATH=$build/tests LD_PRELOAD=$preload \
-        IPCCACHE_STATS_FILE=$tmp/stats IPCCACHE_STATS_DIR=$tmp \
+        XDG_RUNTIME_DIR=$tmp IPCCACHE_STATS_FILE=$tmp/stats IPCCACHE_STATS_DIR=$tmp \
+        IPCCACHE_RELEASE_WAIT_MS=15000 \
         timeout "${FUZZ_TIMEOUT:-20}" "$prog" "$2" "$3" >"$tmp/$side.out" 2>"$tmp/$side.err"
     echo "exit=$?" >>"$tmp/$side.out"
 }

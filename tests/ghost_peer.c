@@ -6,12 +6,16 @@
  *
  *   alloc BYTES      allocate and export: "ok IDX HANDLE_HEX"
  *   alloc_plain B    allocate without exporting: "ok IDX"
+ *   alloc_inner B O  allocate, export the pointer O bytes inside: "ok IDX HANDLE_HEX"
  *   free IDX         cuMemFree: "ok RC"
  *   open HEX         cuIpcOpenMemHandle: "ok IDX"
  *   close IDX        cuIpcCloseMemHandle: "ok RC"
  *   refs IDX         the driver's reference count of that mapping: "ok N"
  *   fork_free IDX    a fork child frees allocation IDX and exits: "ok STATUS"
  *   fork_hold HEX    a fork child opens and closes HEX, then sleeps: "ok PID"
+ *   exec             exec()s this program again (the library loads anew): "ok 0"
+ *   deny_threads     from now on no thread can be created (EAGAIN, as at a
+ *                    pids limit): "ok 0"
  *   exit             exit(0), running the exit handlers
  *
  * The VMM path (PyTorch's expandable segments), in the same words:
@@ -32,12 +36,17 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <stddef.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "fake_cuda.h"
+
+#ifndef SYS_clone3
+#define SYS_clone3 435 /* the same number on every architecture */
+#endif
 
 #define MAX_PTRS 256
 #define LAZY CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
@@ -87,9 +96,10 @@ static void cmd_alloc(const char *arg, int export)
 {
     CUdeviceptr p;
     CUipcMemHandle h;
-    CUresult rc = cuMemAlloc(&p, strtoull(arg, NULL, 10));
+    char *inner = NULL;
+    CUresult rc = cuMemAlloc(&p, strtoull(arg, &inner, 10));
     if (rc == CUDA_SUCCESS && export)
-        rc = cuIpcGetMemHandle(&h, p);
+        rc = cuIpcGetMemHandle(&h, p + strtoull(inner, NULL, 10));
     if (rc != CUDA_SUCCESS)
         return reply("err %lld", rc);
     printf("ok %d", keep(p));
@@ -142,6 +152,36 @@ static void cmd_fork_hold(const char *arg)
             usleep(100000);
         exit(0);
     }
+}
+
+/* The same program again: what a launcher that re-execs does. */
+static char **saved_argv;
+static void cmd_exec(void)
+{
+    fflush(stdout);
+    execv("/proc/self/exe", (char *[]){ saved_argv[0], (char *)"execed", NULL });
+    reply("err %lld", errno);
+}
+
+/* clone3 answers ENOSYS (glibc then uses clone), clone of a thread EAGAIN:
+ * pthread_create fails as in a container at its pids limit; fork works. */
+static void cmd_deny_threads(void)
+{
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_THREAD, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EAGAIN),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { sizeof(code) / sizeof(code[0]), code };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+        return reply("err %lld", errno);
+    reply("ok %lld", 0);
 }
 
 /* ---- the VMM path ---------------------------------------------------------- */
@@ -280,6 +320,12 @@ static void dispatch(char *cmd, char *arg)
         cmd_alloc(arg, 1);
     else if (strcmp(cmd, "alloc_plain") == 0)
         cmd_alloc(arg, 0);
+    else if (strcmp(cmd, "alloc_inner") == 0)
+        cmd_alloc(arg, 1);
+    else if (strcmp(cmd, "exec") == 0)
+        cmd_exec();
+    else if (strcmp(cmd, "deny_threads") == 0)
+        cmd_deny_threads();
     else if (strcmp(cmd, "free") == 0)
         reply("ok %lld", cuMemFree(ptr_at(arg)));
     else if (strcmp(cmd, "open") == 0)
@@ -308,10 +354,13 @@ static void dispatch(char *cmd, char *arg)
         reply("err %lld", -1);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     char line[512];
+    saved_argv = argv;
     setup();
+    if (argc > 1) /* came back from exec */
+        reply("ok %lld", 0);
     while (fgets(line, sizeof(line), stdin)) {
         line[strcspn(line, "\n")] = '\0';
         char *arg = strchr(line, ' ');

@@ -269,6 +269,10 @@ Test(config, release_wait, .timeout = 10)
     ipcc_config_load();
     cr_assert_eq(ipcc_config.release_wait_ms, 250);
     ipcc_config.release_wait_ms = 100;
+    setenv("IPCCACHE_RELEASE_WAIT_MS", "60000", 1); /* the documented upper bound */
+    ipcc_config_load();
+    cr_assert_eq(ipcc_config.release_wait_ms, 60000);
+    ipcc_config.release_wait_ms = 100;
     setenv("IPCCACHE_RELEASE_WAIT_MS", "60001", 1);
     ipcc_config_load();
     cr_assert_eq(ipcc_config.release_wait_ms, 100);

@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -140,6 +142,8 @@ static void build_env(char **env, const char *const *extra)
 
 #define ENV(...) ((const char *const[]){ __VA_ARGS__, NULL })
 
+static int enter_join_ns(void);
+
 /* Starts a peer; its stderr goes to <tmpdir>/<name>.err. */
 static void start(struct peer *p, const char *name, const char *const *extra)
 {
@@ -156,7 +160,8 @@ static void start(struct peer *p, const char *name, const char *const *extra)
     cr_assert_geq(p->pid, 0);
     if (p->pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(err_fd, 2) < 0)
+        if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(err_fd, 2) < 0 ||
+            enter_join_ns() != 0)
             _exit(126);
         execve(prog, (char *const[]){ prog, NULL }, env);
         _exit(127);
@@ -455,7 +460,7 @@ Test(ghost, refused_ledger_is_not_used, .timeout = 40)
 {
     /* A ledger file with the wrong mode is refused with one warning, and frees work as before. */
     char *dir = format("%s/ipccache", tmpdir);
-    char *file = format("%s/release-ledger-v1", dir);
+    char *file = format("%s/" IPCC_LEDGER_NAME, dir);
     cr_assert_eq(mkdir(dir, 0700), 0);
     int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     cr_assert_geq(fd, 0);
@@ -471,7 +476,7 @@ Test(ghost, refused_ledger_is_not_used, .timeout = 40)
     finish(&exp);
     char err[2048];
     cr_assert_not_null(strstr(stderr_of("exporter", err, sizeof(err)),
-                              "ipccache: warning: release ledger release-ledger-v1 refused "
+                              "ipccache: warning: release ledger " IPCC_LEDGER_NAME " refused "
                               "(mode is not 0600)"), "%s", err);
     free(dir);
     free(file);
@@ -619,6 +624,226 @@ Test(ghost, helper_thread_only_for_exporters_with_the_library, .timeout = 40)
     finish(&bare);
 }
 
+Test(ghost, export_of_an_inner_pointer_lets_go_at_the_allocations_free, .timeout = 40)
+{
+    /* A handle exported from a pointer inside an allocation is released when the allocation (its base) is freed. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e;
+    const char *r = ask(&exp, "alloc_inner %llu %llu", 16 * MIB, MIB);
+    cr_assert_eq(sscanf(r, "ok %d %128s", &e.idx, e.hex), 2, "alloc_inner replied \"%s\"", r);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the free of the base did not reach the importer");
+    finish(&imp);
+    finish(&exp);
+}
+
+/* The free must not wait for an importer that cannot answer: with a bound
+ * of a minute, a wait would outlast the test's own timeout. */
+static void start_pair_unwaited(struct peer *exp, struct peer *imp)
+{
+    start(exp, "exporter", ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    start(imp, "importer", ENV("IPCCACHE_LOG=info"));
+}
+
+Test(ghost, exec_importer_is_not_waited_for, .timeout = 15)
+{
+    /* An importer that exec()s keeps its pid and start time but loses its helper thread: the exporter's frees do not wait for it. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct exported a = export(&exp, 16 * MIB), b = export(&exp, 16 * MIB);
+    import(&imp, &a, 1);
+    import(&imp, &b, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "exec")), 0);
+    free_exported(&exp, &a);
+    free_exported(&exp, &b);
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, exec_importers_slot_is_taken_over, .timeout = 15)
+{
+    /* The slot an exec()ed importer left is free for others: with the 63 others held, a new importer still gets one and lets go. */
+    struct peer exp, old, imp;
+    start(&exp, "exporter", ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    start(&old, "old", NULL);
+    struct exported a = export(&exp, 16 * MIB), b = export(&exp, 8 * MIB);
+    import(&old, &a, 1);
+    struct ipcc_ledger_file *f = map_ledger(1);
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        if (atomic_load(&f->importers[i].pid) == 0)
+            atomic_store(&f->importers[i].pid, getpid()); /* alive, watching nobody */
+    cr_assert_eq(ok(&old, ask(&old, "exec")), 0);
+    start(&imp, "importer", NULL);
+    import(&imp, &b, 1);
+    free_exported(&exp, &b);
+    cr_assert(eq(u64, phys(), 16 * MIB), "the new importer found no slot");
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        if (atomic_load(&f->importers[i].pid) == getpid())
+            atomic_store(&f->importers[i].pid, 0);
+    munmap(f, sizeof(*f));
+    finish(&imp);
+    finish(&old);
+    finish(&exp);
+}
+
+Test(ghost, importer_without_a_helper_thread_is_as_without_the_ledger, .timeout = 15)
+{
+    /* When the helper thread cannot be created (a pids limit), the importer gives its slot back (one of 64) and asks no exporter to ring it: frees do not wait, and its caps alone bound what it keeps. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct exported e = export(&exp, 16 * MIB);
+    cr_assert_eq(ok(&imp, ask(&imp, "deny_threads")), 0);
+    int idx = import(&imp, &e, 1);
+    struct ipcc_ledger_file *f = map_ledger(0);
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        cr_assert_neq(atomic_load(&f->importers[i].pid), imp.pid, "it holds slot %d in vain", i);
+    munmap(f, sizeof(*f));
+    free_exported(&exp, &e);
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "kept, as without the ledger");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert(eq(u64, phys(), 0), "the importer's exit gives it back");
+    finish(&exp);
+    char err[4096];
+    cr_assert_not_null(strstr(stderr_of("importer", err, sizeof(err)),
+                              "ipccache: cannot start the release helper thread"), "%s", err);
+}
+
+Test(ghost, importer_beyond_the_slots_is_as_without_the_ledger, .timeout = 15)
+{
+    /* With all 64 importer slots held by live processes, one more importer says so once and is as without the ledger: frees do not wait for it. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct exported e = export(&exp, 16 * MIB);
+    struct ipcc_ledger_file *f = map_ledger(1);
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        atomic_store(&f->importers[i].pid, getpid());
+    int idx = import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "kept, as without the ledger");
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        atomic_store(&f->importers[i].pid, 0);
+    munmap(f, sizeof(*f));
+    finish(&imp);
+    finish(&exp);
+    char err[4096];
+    cr_assert_not_null(strstr(stderr_of("importer", err, sizeof(err)),
+                              "ipccache: release ledger: all 64 importer slots are held"),
+                       "%s", err);
+}
+
+/* Peers started from now on join the namespaces of this process (0: none). */
+static pid_t join_ns;
+
+/* In start()'s child, before exec: joins join_ns's user and mount
+ * namespaces (a fork child is single-threaded, as setns wants). */
+static int enter_join_ns(void)
+{
+    char user[64], mnt[64];
+    if (!join_ns)
+        return 0;
+    snprintf(user, sizeof(user), "/proc/%d/ns/user", (int)join_ns);
+    snprintf(mnt, sizeof(mnt), "/proc/%d/ns/mnt", (int)join_ns);
+    int u = open(user, O_RDONLY | O_CLOEXEC), m = open(mnt, O_RDONLY | O_CLOEXEC);
+    return u < 0 || m < 0 || setns(u, CLONE_NEWUSER) != 0 || setns(m, CLONE_NEWNS) != 0 ? -1 : 0;
+}
+
+static int write_text(const char *file, const char *text)
+{
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    ssize_t n = (ssize_t)strlen(text);
+    int ok = fd >= 0 && write(fd, text, (size_t)n) == n;
+    if (fd >= 0)
+        close(fd);
+    return ok ? 0 : -1;
+}
+
+/* The holder: a private user and mount namespace with a full tmpfs of one
+ * page at dir; stays until killed. 0 on the pipe when ready, else errno. */
+static void hold_full_tmpfs(const char *dir, int ready)
+{
+    char uid[32], gid[32], opts[32];
+    snprintf(uid, sizeof(uid), "%d %d 1", (int)getuid(), (int)getuid());
+    snprintf(gid, sizeof(gid), "%d %d 1", (int)getgid(), (int)getgid());
+    snprintf(opts, sizeof(opts), "size=%d,mode=0700", (int)sysconf(_SC_PAGESIZE));
+    int err = 0;
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0 ||
+        write_text("/proc/self/setgroups", "deny") != 0 ||
+        write_text("/proc/self/uid_map", uid) != 0 || write_text("/proc/self/gid_map", gid) != 0 ||
+        mount("none", dir, "tmpfs", 0, opts) != 0)
+        err = errno;
+    char filler[PATH_MAX];
+    snprintf(filler, sizeof(filler), "%s/filler", dir);
+    int fd = err ? -1 : open(filler, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    static const char block[4096];
+    while (fd >= 0 && write(fd, block, sizeof(block)) > 0)
+        ;
+    unsigned char answer = (unsigned char)(err ? err : fd < 0 ? EIO : 0);
+    if (write(ready, &answer, 1) != 1 || answer)
+        _exit(1);
+    for (;;)
+        pause();
+}
+
+/* A full file system at dir that the next peers see; an errno when this
+ * machine allows no private namespace. */
+static int full_tmpfs_for_peers(const char *dir)
+{
+    int ready[2];
+    unsigned char answer = EIO;
+    cr_assert_eq(pipe2(ready, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        hold_full_tmpfs(dir, ready[1]);
+    }
+    track(pid);
+    close(ready[1]);
+    if (read(ready[0], &answer, 1) != 1)
+        answer = EIO;
+    close(ready[0]);
+    join_ns = answer ? 0 : pid;
+    return answer;
+}
+
+static int count_of(const char *haystack, const char *needle)
+{
+    int n = 0;
+    for (const char *p = haystack; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+Test(ghost, full_file_system_is_as_without_the_ledger, .timeout = 40)
+{
+    /* On a full per-user file system the ledger cannot get its blocks: one info line, no SIGBUS, and frees and caches work as without the ledger. */
+    char *full = format("%s/full", tmpdir);
+    cr_assert_eq(mkdir(full, 0700), 0);
+    int refused = full_tmpfs_for_peers(full);
+    if (refused)
+        cr_skip_test("cannot mount a small tmpfs in a private namespace here: %s",
+                     strerror(refused));
+    struct peer exp, imp;
+    const char *const env[] = { format("XDG_RUNTIME_DIR=%s", full), "IPCCACHE_LOG=info", NULL };
+    start(&exp, "exporter", env);
+    start(&imp, "importer", env);
+    struct exported e = export(&exp, 16 * MIB);
+    int idx = import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "kept, as without the ledger");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
+    char err[4096];
+    const char *said = "ipccache: release ledger " IPCC_LEDGER_NAME " not used (No space";
+    cr_assert_eq(count_of(stderr_of("exporter", err, sizeof(err)), said), 1, "%s", err);
+    cr_assert_eq(count_of(stderr_of("importer", err, sizeof(err)), said), 1, "%s", err);
+    join_ns = 0;
+    free((char *)env[0]);
+    free(full);
+}
+
 /* ---- the VMM path (PyTorch's expandable segments) -------------------------- */
 
 /* An allocation exported to an fd: its index in the exporter, where to take the fd from. */
@@ -758,6 +983,21 @@ Test(ghost, vmm_dead_importer_is_not_waited_for, .timeout = 15)
     kill_peer(&imp);
     vmm_release(&exp, &e);
     cr_assert(eq(u64, phys(), 0));
+    finish(&exp);
+}
+
+Test(ghost, vmm_exec_importer_is_not_waited_for, .timeout = 15)
+{
+    /* On the VMM path too, an importer that exec()ed (its helper gone, its slot kept) is not waited for, chunk after chunk. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct vmm_exported a = vmm_export(&exp, 16 * MIB), b = vmm_export(&exp, 16 * MIB);
+    vmm_import(&imp, &a, 1);
+    vmm_import(&imp, &b, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "exec")), 0);
+    vmm_release(&exp, &a);
+    vmm_release(&exp, &b);
+    finish(&imp);
     finish(&exp);
 }
 

@@ -300,6 +300,7 @@ static pid_t importer(int32_t exporter, int answer)
         int slot = ipcc_ledger_register();
         if (slot < 0)
             _exit(2);
+        ipcc_ledger_helper_started(slot); /* this thread answers */
         ipcc_ledger_watch(slot, exporter);
         uint32_t rung = ipcc_ledger_doorbell(slot);
         if (write(ready[1], "r", 1) != 1)
@@ -435,4 +436,68 @@ Test(ledger, slot_given_back_is_free)
     ipcc_ledger_unregister(slot);
     cr_assert_eq(atomic_load(&ipcc_ledger_file()->importers[slot].pid), 0);
     cr_assert_eq(ipcc_ledger_register(), slot);
+}
+
+/* Request r's state word once it holds the request for tag (a fork child's). */
+static uint32_t posted_for(int r, unsigned char tag)
+{
+    struct ipcc_ledger_request *q = &ipcc_ledger_file()->requests[r];
+    for (int i = 0; i < 5000; i++) {
+        uint32_t w = atomic_load(&q->state);
+        if ((w & 3) == IPCC_REQ_POSTED && q->handle[0] == tag)
+            return w;
+        usleep(1000);
+    }
+    cr_assert_fail("request %d never showed tag %d", r, tag);
+    return 0;
+}
+
+static pid_t exporter_releasing(unsigned char tag, uint64_t wait_ns)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        _exit(release_tag(tag, wait_ns));
+    }
+    return pid;
+}
+
+static void answer_as(int slot)
+{
+    struct ipcc_ledger_ask ask;
+    cr_assert_geq(ipcc_ledger_next_ask(slot, 0, &ask), 0);
+    ipcc_ledger_answer(slot, &ask);
+}
+
+Test(ledger, stopped_exporter_leaves_a_later_request_posted, .timeout = 10)
+{
+    /* An exporter stopped past its deadline, whose request slot went to another exporter meanwhile, leaves that one's live request posted when it resumes. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    for (int r = 1; r < IPCC_LEDGER_REQUESTS; r++) { /* only slot 0 is left */
+        atomic_store(&f->requests[r].state, IPCC_REQ_POSTED);
+        atomic_store(&f->requests[r].deadline_ns, UINT64_MAX);
+    }
+    pid_t imp = importer(0, 0);
+    int slot = -1;
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        if (atomic_load(&f->importers[i].pid) == imp)
+            slot = i;
+    pid_t a = exporter_releasing(30, 200ULL * 1000 * 1000);
+    posted_for(0, 30);
+    int status;
+    kill(a, SIGSTOP);
+    cr_assert_eq(waitpid(a, &status, WUNTRACED), a);
+    answer_as(slot); /* a's request is answered while a sleeps past its deadline */
+    usleep(300 * 1000);
+    pid_t b = exporter_releasing(31, FOREVER_NS);
+    posted_for(0, 31);
+    kill(a, SIGCONT);
+    cr_assert_eq(exit_status(a), 0);
+    uint32_t w = atomic_load(&f->requests[0].state);
+    cr_assert_eq(w & 3, IPCC_REQ_POSTED, "the resumed exporter freed the other's request");
+    answer_as(slot);
+    cr_assert_eq(exit_status(b), 0);
+    end(imp);
 }

@@ -1028,7 +1028,7 @@ Test(process, explicit_stats_signal_takes_an_ignored_one, .timeout = 20)
 
 Test(process, fork_child_stats_go_to_its_own_file, .timeout = 20)
 {
-    /* A fork child's stats line goes to the %p file of the child, not the parent's; it has its own marker. */
+    /* A fork child's stats line goes to the %p file of the child, not the parent's, and counts only its own calls; it has its own marker. */
     char env[PATH_MAX + 32], path[PATH_MAX + 32], line[8192];
     struct proc p;
     probe(&p, ENV(stats_file_env(env, sizeof(env), "s.%p")), "fork_stats");
@@ -1037,6 +1037,8 @@ Test(process, fork_child_stats_go_to_its_own_file, .timeout = 20)
     cr_assert_geq(read_file(path, line, sizeof(line)), 0, "no stats file %s", path);
     cr_assert(eq(int, count_lines(line), 1), "%s holds:\n%s", path, line);
     cr_assert(eq(ullong, json_u64(line, "pid"), (unsigned long long)kv(&p, "child_pid")));
+    cr_assert(eq(ullong, json_u64(line, "opens"), 0), "the child counts the parent's opens: %s", line);
+    cr_assert(eq(ullong, json_u64(line, "misses"), 0), "%s", line);
     snprintf(path, sizeof(path), "%s/s.%lld", tmpdir, kv(&p, "pid"));
     cr_assert_neq(access(path, F_OK), 0, "the parent's file %s was written", path);
     expect_kv(&p, "parent_marker", 1);
