@@ -166,5 +166,119 @@ expect_status "PyTorch's testing module that does not import is skipped" $? 0
 expect "the import error of PyTorch's testing module is shown" "$tmp/notesting.out" \
     "No module named 'expecttest_standin_missing'"
 
+# ---- sglang: the fetched copy's checks, its unit test, the driver's arguments --
+
+# fetched DIR: a stand-in of what tools/sglang_peer/fetch.sh leaves: SGLang's
+# files packed, one wheel, the unit test (which passes both ways), MANIFEST.
+fetched() {
+    local dir=$1/sglang
+    mkdir -p "$dir/wheels"
+    "$PY" - "$dir" <<'PYEOF' || return 1
+import io, sys, tarfile, zipfile
+d = sys.argv[1]
+def add(tar, name, text):
+    info = tarfile.TarInfo(name)
+    data = text.encode()
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+with tarfile.open(f"{d}/sglang-py.tar.xz", "w:xz") as tar:
+    for pkg in ("sglang", "sglang/srt", "sglang/srt/multimodal", "sglang/srt/multimodal/transport"):
+        add(tar, f"{pkg}/__init__.py", "")
+    add(tar, "sglang/srt/multimodal/transport/cuda_ipc.py", "POOL = 'standin'\n")
+with zipfile.ZipFile(f"{d}/wheels/standin_dep-1.0-py3-none-any.whl", "w") as whl:
+    whl.writestr("standin_dep.py", "VALUE = 7\n")
+with open(f"{d}/test_cuda_ipc_transport.py", "w") as f:
+    f.write("""import unittest
+import standin_dep
+from sglang.srt.multimodal.transport.cuda_ipc import POOL
+from sglang.test.test_utils import CustomTestCase
+
+class TestCudaIpcTransport(CustomTestCase):
+    def test_pool(self):
+        self.assertEqual((POOL, standin_dep.VALUE), ("standin", 7))
+
+    def test_ipython_is_a_standin(self):
+        from IPython.display import HTML
+        with self.assertRaises(RuntimeError):
+            HTML("x")
+""")
+with open(f"{d}/VERSION", "w") as f:
+    f.write("0.0.1\n")
+PYEOF
+    (cd "$dir" && sha256sum VERSION sglang-py.tar.xz test_cuda_ipc_transport.py wheels/*.whl >MANIFEST)
+}
+
+# sg NAME DIR [VAR=VALUE...]: the script's sglang suites on the fetched copy in DIR.
+sg() {
+    local name=$1 dir=$2
+    shift 2
+    env PATH="$tmp/gpu:$PATH" PYTHONPATH="$tmp/py" IPCCACHE_LIB="$lib" OUT_DIR="$tmp/out-$name" \
+        PYTHON="$PY" "$@" bash "$SCRIPT" "$dir" >"$tmp/$name.out" 2>&1
+}
+
+fetched "$tmp/sg" || not_ok "the stand-in of the fetched SGLang is built"
+sg sg "$tmp/sg" PEER_SUITES=sglang-unit
+expect_status "sglang-unit: the fetched unit test runs both ways" $? 0
+expect "sglang-unit: its tests are compared" "$tmp/sg.out" '^peer: sglang-unit: 2 same, 0 differ$'
+expect "sglang-unit: the stand-ins and the wheels are on the path" "$tmp/sg.out" \
+    'test_ipython_is_a_standin +passed +passed'
+expect "sglang-unit: the release is named" "$tmp/sg.out" '^peer: sglang: 0.0.1 from '
+
+# sg_fail NAME WHAT: the sglang suite on the broken copy in $tmp/sgb stops with status 2.
+sg_fail() {
+    sg "$1" "$tmp/sgb" PEER_SUITES=sglang
+    expect_status "sglang: $2 is a setup error" $? 2
+    expect_not "sglang: $2: nothing ran" "$tmp/$1.out" 'exit status'
+}
+sg_fail sg-none "no fetched copy"
+# shellcheck disable=SC2016  # the backquotes are the message's own
+expect "sglang: no fetched copy: make peer-fetch is named" "$tmp/sg-none.out" 'no .*MANIFEST: run `make peer-fetch`'
+cp -r "$tmp/sg" "$tmp/sgb"
+rm "$tmp/sgb/sglang/wheels/standin_dep-1.0-py3-none-any.whl"
+sg_fail sg-missing "a missing file"
+expect "sglang: a missing file is named" "$tmp/sg-missing.out" 'missing .*standin_dep-1.0-py3-none-any.whl'
+rm -rf "$tmp/sgb" && cp -r "$tmp/sg" "$tmp/sgb"
+echo "# changed" >>"$tmp/sgb/sglang/test_cuda_ipc_transport.py"
+sg_fail sg-changed "a changed file"
+expect "sglang: a changed file is named" "$tmp/sg-changed.out" \
+    'test_cuda_ipc_transport.py differs from what MANIFEST says'
+
+# The driver's arguments and its report need no GPU and no torch.
+drv=$root/tools/sglang_peer/driver.py
+"$PY" "$drv" run --configs legacy:maybe >"$tmp/drv.out" 2>&1
+expect_status "sglang-driver: an unknown configuration is a usage error" $? 2
+expect "sglang-driver: the configurations are listed" "$tmp/drv.out" \
+    "choose from legacy:off, legacy:on, expandable:off, expandable:on"
+"$PY" "$drv" run --features 0 >"$tmp/drv.out" 2>&1
+expect_status "sglang-driver: no features is a usage error" $? 2
+"$PY" "$drv" run --rows 100000 --cols 100000 >"$tmp/drv.out" 2>&1
+expect_status "sglang-driver: features that do not fit the pool are a usage error" $? 2
+cat >"$tmp/without.json" <<'JSON'
+{"results": [{"config": "legacy:off", "alloc": "legacy", "sglang_cache": "off", "median_us": 600.4, "stats": null},
+             {"config": "expandable:off", "alloc": "expandable", "sglang_cache": "off", "median_us": 3100.0}]}
+JSON
+cat >"$tmp/with.json" <<'JSON'
+{"results": [{"config": "legacy:off", "alloc": "legacy", "sglang_cache": "off", "median_us": 333.0,
+              "stats": {"opens": 520, "hits": 519}},
+             {"config": "expandable:off", "alloc": "expandable", "sglang_cache": "off", "median_us": null,
+              "error": "no result", "stats": {"vmm_imports": 13520, "vmm_import_hits": 13494}}]}
+JSON
+"$PY" "$drv" report "$tmp/without.json" "$tmp/with.json" >"$tmp/report.out" 2>&1
+expect_status "sglang-driver: report of two runs" $? 0
+expect "sglang-driver: report: a legacy row with the consumer's open hits" "$tmp/report.out" \
+    '^\| legacy, cache off \| 600 µs \| 333 µs \| 519 of 520 opens \|$'
+expect "sglang-driver: report: a failed configuration says so, with its import hits" "$tmp/report.out" \
+    '^\| expandable, cache off \| 3,100 µs \| failed \| 13,494 of 13,520 imports \|$'
+"$PY" "$drv" report "$tmp/without.json" >"$tmp/report.out" 2>&1
+expect_status "sglang-driver: report of one run is a usage error" $? 2
+
+# The fetch step's arguments (refused before any download).
+bash "$root/tools/sglang_peer/fetch.sh" --bogus >"$tmp/fetch.out" 2>&1
+expect_status "peer-fetch: an unknown option is a usage error" $? 2
+SGLANG_VERSION="1.0; rm -rf /" bash "$root/tools/sglang_peer/fetch.sh" "$tmp/nofetch" >"$tmp/fetch.out" 2>&1
+expect_status "peer-fetch: a version that is not a release number is a usage error" $? 2
+if [[ ! -e $tmp/nofetch ]]; then ok "peer-fetch: a refused version makes no folder"
+else not_ok "peer-fetch: a refused version makes no folder"; fi
+
 echo "peer-suites: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
