@@ -272,6 +272,92 @@ expect "sglang-driver: report: a failed configuration says so, with its import h
 "$PY" "$drv" report "$tmp/without.json" >"$tmp/report.out" 2>&1
 expect_status "sglang-driver: report of one run is a usage error" $? 2
 
+# The driver's processes on stand-ins of torch and of SGLang's transport: the
+# producer's proxies reach the consumer, each value is checked (the stand-in
+# pool corrupts one feature when STANDIN_CORRUPT is set), and the consumer's
+# stats line (written by the stand-in at exit, as the library would) is read.
+mkdir -p "$tmp/drvpy/torch/cuda" "$tmp/drvpy/sglang/srt/multimodal/transport"
+cat >"$tmp/drvpy/torch/__init__.py" <<'PYEOF'
+class _Values:
+    def __init__(self, value):
+        self.value = value
+    def __eq__(self, other):
+        return _Values(self.value == other)
+    def all(self):
+        return self.value
+    def sum(self):
+        return self
+    def item(self):
+        return self.value
+bfloat16 = "bf16"
+def ones(*_args, **_kwargs):
+    return _Values(1.0)
+def full(_shape, value, **_kwargs):
+    return _Values(value)
+from . import cuda
+PYEOF
+echo 'def set_device(_d): pass' >"$tmp/drvpy/torch/cuda/__init__.py"
+for d in sglang sglang/srt sglang/srt/multimodal sglang/srt/multimodal/transport; do
+    : >"$tmp/drvpy/$d/__init__.py"
+done
+cat >"$tmp/drvpy/sglang/srt/multimodal/transport/cuda_ipc.py" <<'PYEOF'
+import atexit, json, os
+if os.environ.get("STANDIN_BROKEN"):
+    raise ImportError("stand-in of a module that does not import")
+MM_ITEM_MEMORY_POOL_RECYCLE_INTERVAL = 0.05
+OPENS = [0]
+
+class Proxy:
+    def __init__(self, value):
+        self.value = value
+    def reconstruct_on_target_device(self, _device):
+        import torch
+        OPENS[0] += 1
+        return torch._Values(self.value)
+
+class MmItemMemoryPool:
+    def __init__(self, memory_size, recycle_interval, base_gpu_id, consumer_count):
+        assert recycle_interval == MM_ITEM_MEMORY_POOL_RECYCLE_INTERVAL
+        self.wrapped = 0
+    def wrap_tensor(self, tensor, *, use_pool_handle_cache):
+        self.wrapped += 1
+        bad = os.environ.get("STANDIN_CORRUPT") and self.wrapped == 7
+        return Proxy(-1.0 if bad else tensor.value)
+    def shutdown(self):
+        pass
+
+@atexit.register
+def _stats():
+    path = os.environ.get("IPCCACHE_STATS_FILE", "").replace("%p", str(os.getpid()))
+    if path and OPENS[0]:
+        with open(path, "w") as f:
+            f.write(json.dumps({"opens": OPENS[0], "hits": OPENS[0] - 1}) + "\n")
+PYEOF
+drv_run() {  # NAME ARGS...: the driver on the stand-ins
+    local name=$1
+    shift
+    env PYTHONPATH="$tmp/drvpy" PEER_RECORD="$tmp/$name.tsv" IPCCACHE_STATS_FILE="$tmp/$name-%p.json" \
+        "$PY" "$drv" run --features 30 --warmup 2 --timeout 60 --out "$tmp/$name.json" "$@" \
+        >"$tmp/$name.out" 2>&1
+}
+drv_run drv-ok --configs legacy:off,expandable:on
+expect_status "sglang-driver: every value right passes" $? 0
+expect "sglang-driver: a row per configuration, with the consumer's hits" "$tmp/drv-ok.out" \
+    "^sglang-driver: legacy allocator, SGLang's cache off: 30 features, median .* wrong values 0; consumer: legacy opens 32 \(31 hits\)"
+expect "sglang-driver: the closing line" "$tmp/drv-ok.out" '^sglang-driver: 2 passed, 0 failed$'
+expect "sglang-driver: each configuration is recorded for the comparison" "$tmp/drv-ok.tsv" \
+    '^sglang_driver::expandable:on	passed$'
+STANDIN_CORRUPT=1 drv_run drv-bad --configs legacy:on
+expect_status "sglang-driver: a wrong value fails the run" $? 1
+expect "sglang-driver: the wrong value is counted" "$tmp/drv-bad.out" 'wrong values 1'
+expect "sglang-driver: a wrong value is recorded as a failure" "$tmp/drv-bad.tsv" \
+    '^sglang_driver::legacy:on	failed$'
+
+STANDIN_BROKEN=1 drv_run drv-broken --configs legacy:off
+expect_status "sglang-driver: a transport that does not import fails the run" $? 1
+expect "sglang-driver: ... and the configuration says so" "$tmp/drv-broken.out" \
+    '^sglang-driver: legacy:off: FAILED: no result from the consumer'
+
 # The fetch step's arguments (refused before any download).
 bash "$root/tools/sglang_peer/fetch.sh" --bogus >"$tmp/fetch.out" 2>&1
 expect_status "peer-fetch: an unknown option is a usage error" $? 2

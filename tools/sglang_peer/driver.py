@@ -41,7 +41,8 @@ def parse_args(argv):
     run.add_argument("--warmup", type=int, default=20, help="untimed features first")
     run.add_argument("--rows", type=int, default=1024)
     run.add_argument("--cols", type=int, default=1280)
-    run.add_argument("--pool-mb", type=int, default=512, help="SGLang's pool (its default size)")
+    run.add_argument("--pool-mb", type=int, default=512,
+                     help="the pool (SGLang sizes it from SGLANG_MM_FEATURE_CACHE_MB, split among its tokenizer workers)")
     run.add_argument("--device", type=int, default=0)
     run.add_argument("--configs", default=",".join(CONFIGS),
                      help="comma-separated ALLOC:CACHE, ALLOC legacy|expandable, CACHE off|on")
@@ -92,10 +93,16 @@ def read_stats(pid):
 def producer_main(args, cache_on, feature_q, done):
     """SGLang's tokenizer-worker side: its pool, its proxies."""
     import torch
-    from sglang.srt.multimodal.transport.cuda_ipc import MmItemMemoryPool
+    from sglang.srt.multimodal.transport.cuda_ipc import (
+        MM_ITEM_MEMORY_POOL_RECYCLE_INTERVAL,
+        MmItemMemoryPool,
+    )
 
     torch.cuda.set_device(args.device)
-    pool = MmItemMemoryPool(memory_size=args.pool_mb << 20, recycle_interval=0.001,
+    # SGLang's own recycling interval: its recycler's GPU reads share the GPU
+    # with the consumer, as in the engine.
+    pool = MmItemMemoryPool(memory_size=args.pool_mb << 20,
+                            recycle_interval=MM_ITEM_MEMORY_POOL_RECYCLE_INTERVAL,
                             base_gpu_id=args.device, consumer_count=1)
     sources = [torch.full((args.rows, args.cols), feature_value(i), dtype=torch.bfloat16,
                           device=f"cuda:{args.device}") for i in range(SOURCES)]
@@ -142,6 +149,24 @@ def consumer_main(args, feature_q, result_q):
 
 # ----------------------------------------------------------------- main
 
+def wait_result(result_q, procs, timeout):
+    """The consumer's result, or None once the time is up or a child died
+    without one (an import error must not cost the whole timeout)."""
+    import queue
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return result_q.get(timeout=0.5)
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                try:
+                    return result_q.get(timeout=1)  # sent just before it died
+                except queue.Empty:
+                    return None
+    return None
+
+
 def run_config(args, config):
     """One fresh producer/consumer pair; its result as a dict."""
     import multiprocessing as mp
@@ -165,11 +190,9 @@ def run_config(args, config):
     else:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = saved
     result = {"config": config, "alloc": alloc, "sglang_cache": cache, "error": None}
-    try:
-        got = result_q.get(timeout=args.timeout)
-    except Exception as exc:  # queue.Empty, or a child that died
-        got = None
-        result["error"] = f"no result from the consumer ({type(exc).__name__})"
+    got = wait_result(result_q, (consumer, producer), args.timeout)
+    if got is None:
+        result["error"] = "no result from the consumer"
     done.set()
     consumer.join(args.timeout)
     producer.join(args.timeout)
