@@ -169,12 +169,13 @@ expect "the import error of PyTorch's testing module is shown" "$tmp/notesting.o
 # ---- sglang: the fetched copy's checks, its unit test, the driver's arguments --
 
 # fetched DIR: a stand-in of what tools/sglang_peer/fetch.sh leaves: SGLang's
-# files packed, one wheel, the unit test (which passes both ways), MANIFEST.
+# files packed, one package in deps.tar.xz, the unit test (which passes both
+# ways), MANIFEST.
 fetched() {
     local dir=$1/sglang
-    mkdir -p "$dir/wheels"
+    mkdir -p "$dir"
     "$PY" - "$dir" <<'PYEOF' || return 1
-import io, sys, tarfile, zipfile
+import io, sys, tarfile
 d = sys.argv[1]
 def add(tar, name, text):
     info = tarfile.TarInfo(name)
@@ -185,8 +186,10 @@ with tarfile.open(f"{d}/sglang-py.tar.xz", "w:xz") as tar:
     for pkg in ("sglang", "sglang/srt", "sglang/srt/multimodal", "sglang/srt/multimodal/transport"):
         add(tar, f"{pkg}/__init__.py", "")
     add(tar, "sglang/srt/multimodal/transport/cuda_ipc.py", "POOL = 'standin'\n")
-with zipfile.ZipFile(f"{d}/wheels/standin_dep-1.0-py3-none-any.whl", "w") as whl:
-    whl.writestr("standin_dep.py", "VALUE = 7\n")
+with tarfile.open(f"{d}/deps.tar.xz", "w:xz") as tar:
+    add(tar, "./standin_dep.py", "VALUE = 7\n")
+with open(f"{d}/WHEELS", "w") as f:
+    f.write("0" * 64 + "  standin_dep-1.0-py3-none-any.whl\n")
 with open(f"{d}/test_cuda_ipc_transport.py", "w") as f:
     f.write("""import unittest
 import standin_dep
@@ -205,7 +208,7 @@ class TestCudaIpcTransport(CustomTestCase):
 with open(f"{d}/VERSION", "w") as f:
     f.write("0.0.1\n")
 PYEOF
-    (cd "$dir" && sha256sum VERSION sglang-py.tar.xz test_cuda_ipc_transport.py wheels/*.whl >MANIFEST)
+    (cd "$dir" && sha256sum VERSION WHEELS sglang-py.tar.xz deps.tar.xz test_cuda_ipc_transport.py >MANIFEST)
 }
 
 # sg NAME DIR [VAR=VALUE...]: the script's sglang suites on the fetched copy in DIR.
@@ -234,14 +237,18 @@ sg_fail sg-none "no fetched copy"
 # shellcheck disable=SC2016  # the backquotes are the message's own
 expect "sglang: no fetched copy: make peer-fetch is named" "$tmp/sg-none.out" 'no .*MANIFEST: run `make peer-fetch`'
 cp -r "$tmp/sg" "$tmp/sgb"
-rm "$tmp/sgb/sglang/wheels/standin_dep-1.0-py3-none-any.whl"
+rm "$tmp/sgb/sglang/deps.tar.xz"
 sg_fail sg-missing "a missing file"
-expect "sglang: a missing file is named" "$tmp/sg-missing.out" 'missing .*standin_dep-1.0-py3-none-any.whl'
+expect "sglang: a missing file is named" "$tmp/sg-missing.out" 'missing .*sglang/deps.tar.xz \(MANIFEST names it\)'
 rm -rf "$tmp/sgb" && cp -r "$tmp/sg" "$tmp/sgb"
 echo "# changed" >>"$tmp/sgb/sglang/test_cuda_ipc_transport.py"
 sg_fail sg-changed "a changed file"
 expect "sglang: a changed file is named" "$tmp/sg-changed.out" \
     'test_cuda_ipc_transport.py differs from what MANIFEST says'
+rm -rf "$tmp/sgb" && cp -r "$tmp/sg" "$tmp/sgb"
+grep -v ' deps.tar.xz$' "$tmp/sg/sglang/MANIFEST" >"$tmp/sgb/sglang/MANIFEST"
+sg_fail sg-unlisted "a MANIFEST without one of the fetched files"
+expect "sglang: the file MANIFEST lacks is named" "$tmp/sg-unlisted.out" 'MANIFEST does not name deps.tar.xz'
 
 # The driver's arguments and its report need no GPU and no torch.
 drv=$root/tools/sglang_peer/driver.py

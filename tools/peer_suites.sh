@@ -149,7 +149,8 @@ prepare_sglang() {
     [ -n "$SGLANG_READY" ] && return 0
     SGLANG_TREE=$OUT_DIR/sglang-tree
     "$PYTHON" "$TOOLS/sglang_peer/prepare.py" "$PEER_DIR/sglang" "$SGLANG_TREE" || exit 2
-    SGLANG_ENV=("PYTHONPATH=$SGLANG_TREE/src:$TOOLS/sglang_peer/site" "SGLANG_PEER_DEPS=$SGLANG_TREE/deps")
+    SGLANG_ENV=("PYTHONPATH=$SGLANG_TREE/src:$TOOLS/sglang_peer/site${PYTHONPATH:+:$PYTHONPATH}"
+                "SGLANG_PEER_DEPS=$SGLANG_TREE/deps")
     SGLANG_READY=1
     note "sglang: $(cat "$PEER_DIR/sglang/VERSION") from $PEER_DIR/sglang"
 }

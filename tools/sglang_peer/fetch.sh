@@ -9,9 +9,12 @@
 #                      less multimodal_gen/ and jit_kernel/ (diffusion models,
 #                      kernel sources) and every compiled or data file (their
 #                      folders stay): 7 of its 39 MiB
-#   wheels/            the small packages its transport and its unit test
-#                      import, for CPython 3.12 on x86_64 Linux (pinned below);
-#                      the run puts them after the machine's own packages
+#   deps.tar.xz        the packages its transport and its unit test import,
+#                      for CPython 3.12 on x86_64 Linux (pinned below): the
+#                      wheels' contents in one archive (xz packs them into 2/3
+#                      of the wheels' size); the run puts them after the
+#                      machine's own packages
+#   WHEELS             which wheels those are, with their sha256
 #   test_cuda_ipc_transport.py   SGLang's unit test of the transport, from
 #                      its repository at the release's tag (or SGLANG_TEST_FILE)
 #   MANIFEST           sha256 of each of those; the run checks it and stops
@@ -40,9 +43,11 @@ PYTHON=${PYTHON:-python3}
 DEST=${1:-.peer}/sglang
 TEST_PATH=test/registered/unit/multimodal/test_cuda_ipc_transport.py
 TEST_URL=https://raw.githubusercontent.com/sgl-project/sglang/v$VERSION/$TEST_PATH
-# What the transport's import closure and the unit test's reach (its
-# schedule_batch pulls in SGLang's model configs: transformers, torchvision),
-# beyond what a machine with PyTorch 2.11, cuda-python and numpy has.
+# What the transport's import closure and the unit test's reach, beyond what a
+# machine with PyTorch 2.11, cuda-python and numpy has. The unit test imports
+# SGLang's schedule_batch, which pulls in its model configs, quantization
+# methods and kernels: transformers, torchvision, compressed-tensors, openai's
+# protocol types, tvm-ffi and more.
 WHEELS=(msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 pyzmq==27.3.0 psutil==7.2.2
         pydantic==2.11.7 pydantic-core==2.33.2 typing-inspection==0.4.5 annotated-types==0.8.0
         typing-extensions==4.16.0 starlette==1.10.0 anyio==4.16.0 sniffio==1.3.1 idna==3.20
@@ -53,7 +58,10 @@ WHEELS=(msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 pyzmq==27.3.0 psutil==7.2
         transformers==5.19.0 tokenizers==0.23.2 huggingface-hub==2.4.0 safetensors==0.8.0
         regex==2026.11.19 pyyaml==6.0.4 filelock==4.3.1 fsspec==2026.9.0
         httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 h11==0.16.0
-        dill==0.4.1 torchvision==0.26.0)
+        dill==0.4.1 torchvision==0.26.0 compressed-tensors==0.18.0 loguru==0.7.3 gguf==0.19.0
+        sentencepiece==0.2.1 partial-json-parser==0.2.1.1.post7
+        openai==2.8.0 httpx==0.28.1 httpcore==1.0.9 distro==1.9.0 jiter==0.19.0
+        apache-tvm-ffi==0.1.11)
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64
            --platform any)
@@ -65,7 +73,6 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/sglang-fetch.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$DEST" || exit 1
 rm -rf "$DEST/wheels" "$DEST/MANIFEST"
-mkdir -p "$DEST/wheels"
 
 note "sglang $VERSION's wheel"
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
@@ -96,7 +103,15 @@ EOF
 
 note "${#WHEELS[@]} wheels for CPython 3.12"
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${PLATFORMS[@]}" -d "$DEST/wheels" "${WHEELS[@]}" || die "pip could not download the wheels"
+    "${PLATFORMS[@]}" -d "$tmp/wheels" "${WHEELS[@]}" || die "pip could not download the wheels"
+(cd "$tmp/wheels" && sha256sum -- *.whl) >"$DEST/WHEELS" || die "WHEELS not written"
+mkdir -p "$tmp/deps"
+for whl in "$tmp"/wheels/*.whl; do
+    "$PYTHON" -m zipfile -e "$whl" "$tmp/deps" || die "cannot unpack $whl"
+done
+note "packing them (a few minutes)"
+tar -C "$tmp/deps" --sort=name --mtime=@0 --owner=0 --group=0 -cf - . | xz -T0 -4 >"$DEST/deps.tar.xz" ||
+    die "deps.tar.xz not written"
 
 if [ -n "${SGLANG_TEST_FILE:-}" ]; then
     cp "$SGLANG_TEST_FILE" "$tmp/test.py" || die "cannot read SGLANG_TEST_FILE $SGLANG_TEST_FILE"
@@ -108,6 +123,6 @@ grep -q "class TestCudaIpcTransport" "$tmp/test.py" || die "the test file has no
 cp "$tmp/test.py" "$DEST/test_cuda_ipc_transport.py"
 
 echo "$VERSION" >"$DEST/VERSION"
-(cd "$DEST" && sha256sum VERSION sglang-py.tar.xz test_cuda_ipc_transport.py wheels/*.whl >MANIFEST) ||
+(cd "$DEST" && sha256sum VERSION WHEELS sglang-py.tar.xz deps.tar.xz test_cuda_ipc_transport.py >MANIFEST) ||
     die "MANIFEST not written"
 note "$(du -sh "$DEST" | cut -f1) in $DEST ($(wc -l <"$DEST/MANIFEST") files)"

@@ -4,20 +4,19 @@
 usage: prepare.py FETCHED TREE
   FETCHED  the fetch step's folder (.peer/sglang)
   TREE     where to unpack: TREE/src holds SGLang's files, TREE/deps the
-           wheels' packages; unpacked again only when MANIFEST changed
+           packages of the wheels; unpacked again only when MANIFEST changed
 
 Every file MANIFEST names must be there with its sha256, and MANIFEST must
-name the release's files and at least one wheel: otherwise this says which
-file is wrong and exits 2, before anything runs. Nothing is installed.
+name each of the fetch step's files: otherwise this says which file is wrong
+and exits 2, before anything runs. Nothing is installed.
 """
 import hashlib
 import os
 import shutil
 import sys
 import tarfile
-import zipfile
 
-REQUIRED = ("VERSION", "sglang-py.tar.xz", "test_cuda_ipc_transport.py")
+REQUIRED = ("VERSION", "WHEELS", "sglang-py.tar.xz", "deps.tar.xz", "test_cuda_ipc_transport.py")
 
 
 def fail(msg):
@@ -54,12 +53,10 @@ def check_manifest(fetched):
     for name in REQUIRED:
         if name not in names:
             fail(f"{manifest} does not name {name}")
-    if not any(n.startswith("wheels/") and n.endswith(".whl") for n in names):
-        fail(f"{manifest} names no wheel")
     return names
 
 
-def unpack(fetched, tree, names):
+def unpack(fetched, tree):
     stamp = os.path.join(tree, "MANIFEST")
     with open(os.path.join(fetched, "MANIFEST"), "rb") as f:
         want = f.read()
@@ -70,13 +67,9 @@ def unpack(fetched, tree, names):
     except OSError:
         pass
     shutil.rmtree(tree, ignore_errors=True)
-    os.makedirs(os.path.join(tree, "deps"))
-    with tarfile.open(os.path.join(fetched, "sglang-py.tar.xz")) as tar:
-        tar.extractall(os.path.join(tree, "src"), filter="data")
-    for name in names:
-        if name.endswith(".whl"):
-            with zipfile.ZipFile(os.path.join(fetched, name)) as whl:
-                whl.extractall(os.path.join(tree, "deps"))
+    for archive, folder in (("sglang-py.tar.xz", "src"), ("deps.tar.xz", "deps")):
+        with tarfile.open(os.path.join(fetched, archive)) as tar:
+            tar.extractall(os.path.join(tree, folder), filter="data")
     shutil.copy(os.path.join(fetched, "test_cuda_ipc_transport.py"), tree)
     with open(stamp, "wb") as f:  # last: a half-done unpack is redone
         f.write(want)
@@ -87,8 +80,8 @@ def main(argv):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     fetched, tree = argv
-    names = check_manifest(fetched)
-    unpack(fetched, tree, names)
+    check_manifest(fetched)
+    unpack(fetched, tree)
     if not os.path.isfile(os.path.join(tree, "src", "sglang", "srt", "multimodal", "transport",
                                        "cuda_ipc.py")):
         fail(f"{fetched}/sglang-py.tar.xz has no sglang/srt/multimodal/transport/cuda_ipc.py")
