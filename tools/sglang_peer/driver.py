@@ -110,6 +110,8 @@ def producer_main(args, cache_on, feature_q, done):
         for index in range(args.warmup + args.features):
             proxy = pool.wrap_tensor(sources[index % SOURCES], use_pool_handle_cache=cache_on)
             while proxy is None:  # the pool is full until the consumer's acks recycle it
+                if done.is_set():  # the consumer is gone: nothing will be recycled
+                    return
                 time.sleep(0.0005)
                 proxy = pool.wrap_tensor(sources[index % SOURCES], use_pool_handle_cache=cache_on)
             feature_q.put((index, proxy))
