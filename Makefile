@@ -15,6 +15,7 @@
 #   make bench           benchmarks on a real GPU
 #   make bench-standin   the RL weight sync's VMM calls on the stand-in: the library's own cost
 #   make peer            PyTorch's and numba's own IPC tests, without and with the cache
+#   make peer-fetch      SGLang's release and test for PEER_SUITES=sglang make peer (needs the network)
 #   make demo            show the main job (simulated without a GPU)
 #   make wheel           build/dist/ipccache-*.whl (pip install it)
 #   make install         PREFIX=/usr/local DESTDIR=
@@ -66,7 +67,7 @@ TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/tes
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
-.PHONY: all help prereqs test run-tests test-programs test-sanitize test-aarch64 test-gpu bench bench-standin peer fuzz mutants demo wheel \
+.PHONY: all help prereqs test run-tests test-programs test-sanitize test-aarch64 test-gpu bench bench-standin peer peer-fetch fuzz mutants demo wheel \
         install uninstall clean check-exports
 
 all: $(LIB) $(CONFIG_TOOL)
@@ -259,11 +260,15 @@ bench-standin: $(LIB) $(BUILD)/tools/standin_rl
 	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl 22 200 $$shape; \
 	done
 
-# PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py (never committed).
+# PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py and what
+# peer-fetch put in PEER_DIR/sglang (never committed).
 PEER_DIR ?= .peer
 peer:
 	@$(BUILT_LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/peer_suites.sh $(PEER_DIR)
+
+peer-fetch:
+	@bash tools/sglang_peer/fetch.sh $(PEER_DIR)
 
 demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
 	@IPCCACHE_LIB=$(abspath $(LIB)) BUILD=$(BUILD) bash tools/demo.sh

@@ -20,7 +20,11 @@
 # 5. tests/gpu/ghost_free.cu (ghost): what the exporter's free of exported
 #    memory costs with 0, 1 and 8 importers holding idle mappings, and its
 #    allocation and free of other memory, A/B/A (the preload on both sides).
-# 6. tools/plot_bench.py: medians over repetitions, bench.png, summary.md
+# 6. tools/sglang_peer/driver.py (sglang-code): SGLang's own transport classes
+#    (the copy `make peer-fetch` put in PEER_DIR/sglang), legacy and expandable
+#    segments, SGLang's cache off and on, A/B/A per repetition; its table goes
+#    into summary.md beside the pattern's (skipped, said so, without the copy).
+# 7. tools/plot_bench.py: medians over repetitions, bench.png, summary.md
 #    (also printed: the tables for the README's Performance section); then
 #    tools/bench_vmm_report.py adds the tables of 3-5 to summary.md.
 # With two or more GPUs, everything but 5 is also run across devices (GPU0 -> GPU1).
@@ -30,7 +34,8 @@
 #   BENCH_OUT     results folder (default results/<yyyymmdd>-<gpu-name>)
 #   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
-#   BENCH_PARTS   which parts run (default "ipc sglang vmm torch shapes ghost")
+#   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost")
+#   PEER_DIR      where `make peer-fetch` put sglang/ (default .peer)
 #   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
 set -u -o pipefail
 
@@ -43,18 +48,21 @@ LIB=${IPCCACHE_LIB:-build/libipccache.so}
 QUICK=${BENCH_QUICK:-0}
 BUILD=build/bench
 FAILURES=0
-PARTS=" ${BENCH_PARTS:-ipc sglang vmm torch shapes ghost} "
+PARTS=" ${BENCH_PARTS:-ipc sglang sglang-code vmm torch shapes ghost} "
+SGLANG_FETCHED=${PEER_DIR:-.peer}/sglang
 
 if [ "$QUICK" = 1 ]; then
     REPS=${BENCH_REPS:-1}
     IPC_ARGS=(--real-iters 50 --held-iters 500 --hit-iters 5000 --max-mode-seconds 0.5)
     SG_ARGS=(--warmup 20 --requests 200 --rate-requests 200 --rate 200)
     VMM_ITERS=50 TORCH_ARGS=(--features 200 --steps 10 --warmup 2) GHOST_ITERS=20
+    SGLANG_CODE_ARGS=(--features 200 --warmup 10)
 else
     REPS=${BENCH_REPS:-3}
     IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
     SG_ARGS=(--warmup 50 --requests 500 --rate-requests 500 --rate 200)
     VMM_ITERS=200 TORCH_ARGS=(--features 500 --steps 60 --warmup 5) GHOST_ITERS=200
+    SGLANG_CODE_ARGS=(--features 500 --warmup 20)
 fi
 RUN_TIMEOUT=300
 
@@ -241,6 +249,49 @@ bench_ghost() {
     done
 }
 
+# SGLang's own code, A1 (no shim) / B (shim) / A2 (no shim) per repetition.
+bench_sglang_code() {
+    local tree=$BUILD/sglang-tree rep pass
+    if [ ! -f "$SGLANG_FETCHED/MANIFEST" ]; then
+        note "SGLang's code: skipped: no $SGLANG_FETCHED/MANIFEST (run make peer-fetch where there is a network)"
+        return
+    fi
+    "$PYTHON" tools/sglang_peer/prepare.py "$SGLANG_FETCHED" "$tree" || { FAILURES=$((FAILURES + 1)); return; }
+    for rep in $(seq 1 "$REPS"); do
+        for pass in A1 B A2; do
+            local -a envs=(-u LD_PRELOAD)
+            [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
+                                     IPCCACHE_STATS_FILE="$RAW/stats_sglang_code_r${rep}_B.%p.json")
+            note "SGLang's code r$rep $pass"
+            timeout "$((RUN_TIMEOUT * 2))" env -u PYTORCH_CUDA_ALLOC_CONF "${envs[@]}" \
+                PYTHONPATH="$tree/src:tools/sglang_peer/site" SGLANG_PEER_DEPS="$tree/deps" \
+                SGLANG_PEER_STUB_TRANSFORMERS=1 "$PYTHON" tools/sglang_peer/driver.py run \
+                "${SGLANG_CODE_ARGS[@]}" --out "$RAW/sglang_code_r${rep}_$pass.json" \
+                >"$RAW/sglang_code_r${rep}_$pass.txt" 2>&1 ||
+                { note "SGLang's code r$rep $pass failed (see $RAW/sglang_code_r${rep}_$pass.txt)"; FAILURES=$((FAILURES + 1)); }
+        done
+    done
+}
+
+# The SGLang-code tables, one per repetition, into summary.md.
+report_sglang_code() {
+    local rep
+    [ -f "$RAW/sglang_code_r1_B.json" ] || return 0
+    {
+        echo
+        echo "## SGLang's own transport (sglang $(cat "$SGLANG_FETCHED/VERSION"), tools/sglang_peer/driver.py)"
+        echo
+        echo "Median per feature (reconstruct + check + release), without ipccache (A1 / A2) and with it (B)."
+        for rep in $(seq 1 "$REPS"); do
+            echo
+            echo "Repetition $rep:"
+            echo
+            "$PYTHON" tools/sglang_peer/driver.py report "$RAW/sglang_code_r${rep}_A1.json" \
+                "$RAW/sglang_code_r${rep}_B.json" "$RAW/sglang_code_r${rep}_A2.json" || return 1
+        done
+    } >>"$OUT/summary.md"
+}
+
 bench_ipc_sglang() {
     local rep dev have_torch=$1
     build_ipcbench || exit 1
@@ -265,13 +316,14 @@ main() {
     local have_torch=0 started=$SECONDS
     DEVS=(0)
     [ "$NGPU" -ge 2 ] && DEVS=(0 1)
-    if part sglang || part torch || part shapes; then
+    if part sglang || part sglang-code || part torch || part shapes; then
         torch_ready && have_torch=1
         [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: the PyTorch benchmarks are skipped"
     fi
     # A run in parts (BENCH_PARTS) into one folder writes it once.
     [ -f "$OUT/machine.json" ] || write_machine_json || note "machine.json not written"
     if part ipc || part sglang; then bench_ipc_sglang "$have_torch"; fi
+    if part sglang-code && [ "$have_torch" = 1 ]; then bench_sglang_code; fi
     if part vmm; then bench_vmm; fi
     if part torch && [ "$have_torch" = 1 ]; then bench_torch; fi
     if part shapes && [ "$have_torch" = 1 ]; then bench_shapes; fi
@@ -281,6 +333,7 @@ main() {
         "$PYTHON" tools/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
             FAILURES=$((FAILURES + 1))
     fi
+    if part sglang-code; then report_sglang_code || FAILURES=$((FAILURES + 1)); fi
     if part vmm || part torch || part shapes || part ghost; then
         "$PYTHON" tools/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
     fi

@@ -12,6 +12,16 @@
 #                       (the other suite runs with PYTORCH_CUDA_ALLOC_CONF unset).
 #   numba-cuda          numba's IPC tests, numba.cuda.tests.cudapy.test_ipc,
 #                       which ship inside the installed package.
+#   sglang              SGLang's own transport (not in the default set: it needs
+#                       `make peer-fetch` first, which puts PEER_DIR/sglang/ in
+#                       place): sglang-unit, its unit test
+#                       test/registered/unit/multimodal/test_cuda_ipc_transport.py;
+#                       sglang-driver, tools/sglang_peer/driver.py driving its
+#                       MmItemMemoryPool and CudaIpcTensorTransportProxy (legacy
+#                       and expandable segments, SGLang's cache off and on), whose
+#                       per-feature medians and the consumer's hits are printed.
+#                       Either part alone: PEER_SUITES=sglang-unit or sglang-driver.
+#                       A missing or changed fetched file stops the run (status 2).
 # PyTorch's wheels do not ship their tests: put a copy of test/test_multiprocessing.py,
 # best from the installed release's tag, in PEER_DIR; it is other people's code,
 # keep it out of this repository (.peer/ is the default because it can be ignored).
@@ -132,6 +142,45 @@ run_torch() {
     fi
 }
 
+# The fetched SGLang, unpacked under OUT_DIR; its stand-ins (tools/sglang_peer/site)
+# load in every interpreter of the run, spawned children included.
+SGLANG_READY=
+prepare_sglang() {
+    [ -n "$SGLANG_READY" ] && return 0
+    SGLANG_TREE=$OUT_DIR/sglang-tree
+    "$PYTHON" "$TOOLS/sglang_peer/prepare.py" "$PEER_DIR/sglang" "$SGLANG_TREE" || exit 2
+    SGLANG_ENV=("PYTHONPATH=$SGLANG_TREE/src:$TOOLS/sglang_peer/site${PYTHONPATH:+:$PYTHONPATH}"
+                "SGLANG_PEER_DEPS=$SGLANG_TREE/deps")
+    SGLANG_READY=1
+    note "sglang: $(cat "$PEER_DIR/sglang/VERSION") from $PEER_DIR/sglang"
+}
+
+run_sglang_unit() {
+    [ -n "$TORCH_VERSION" ] || { note "sglang-unit: skipped: $PYTHON cannot import torch with CUDA"; return; }
+    prepare_sglang
+    run_suite sglang-unit -u PYTORCH_CUDA_ALLOC_CONF "${SGLANG_ENV[@]}" -- \
+        "${RECORD[@]}" unittest "$SGLANG_TREE/test_cuda_ipc_transport.py"
+}
+
+run_sglang_driver() {
+    local run
+    [ -n "$TORCH_VERSION" ] || { note "sglang-driver: skipped: $PYTHON cannot import torch with CUDA"; return; }
+    prepare_sglang
+    run_suite sglang-driver -u PYTORCH_CUDA_ALLOC_CONF "${SGLANG_ENV[@]}" SGLANG_PEER_STUB_TRANSFORMERS=1 -- \
+        "$PYTHON" "$TOOLS/sglang_peer/driver.py" run --out @RUN@/driver.json
+    for run in without with; do
+        sed -n "s/^sglang-driver: \(.*\)/peer:   $run: \1/p" "$OUT_DIR/sglang-driver/$run/log.txt"
+        # A wrong value is a failure even when both runs agree on it.
+        if [ "$(cat "$OUT_DIR/sglang-driver/$run/rc")" != 0 ]; then
+            note "  sglang-driver: the run $run failed ($OUT_DIR/sglang-driver/$run/log.txt)"
+            DIFFERING=$((DIFFERING + 1))
+        fi
+    done
+    "$PYTHON" "$TOOLS/sglang_peer/driver.py" report "$OUT_DIR/sglang-driver/without/driver.json" \
+        "$OUT_DIR/sglang-driver/with/driver.json" >"$OUT_DIR/sglang-driver/table.md" 2>/dev/null &&
+        sed 's/^/peer:   /' "$OUT_DIR/sglang-driver/table.md"
+}
+
 run_numba() {
     local name=numba-cuda module
     if ! module=$("${RECORD[@]}" find "${NUMBA_MODULES[@]}" 2>/dev/null); then
@@ -173,7 +222,7 @@ note "$NGPU GPU(s); shim $LIB; runner $RUNNER; torch ${TORCH_VERSION:-none}; res
 
 for suite in $SUITES; do
     case $suite in
-        pytorch|pytorch-expandable|numba-cuda) ;;
+        pytorch|pytorch-expandable|numba-cuda|sglang|sglang-unit|sglang-driver) ;;
         *) echo "peer: unknown suite '$suite' in PEER_SUITES" >&2; exit 2 ;;
     esac
 done
@@ -184,6 +233,9 @@ for suite in $SUITES; do
         pytorch) run_torch pytorch "" ;;
         pytorch-expandable) run_torch pytorch-expandable expandable_segments:True ;;
         numba-cuda) run_numba ;;
+        sglang) run_sglang_unit; run_sglang_driver ;;
+        sglang-unit) run_sglang_unit ;;
+        sglang-driver) run_sglang_driver ;;
     esac
 done
 [ "$DIFFERING" -eq 0 ]
