@@ -7,6 +7,7 @@
 #ifndef IPCC_INTERNAL_H
 #define IPCC_INTERNAL_H
 
+#include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -483,6 +484,12 @@ IPCC_HIDDEN void ipcc_lock(void);
 IPCC_HIDDEN void ipcc_unlock(void);
 IPCC_HIDDEN int ipcc_lock_try(void);
 IPCC_HIDDEN void ipcc_lock_reset(void);
+/* Around a C library call whose lock a fork would copy held (lock.c). */
+IPCC_HIDDEN void ipcc_fork_guard_enter(sigset_t *saved);
+IPCC_HIDDEN void ipcc_fork_guard_leave(const sigset_t *saved);
+IPCC_HIDDEN void ipcc_fork_guard_hold(void);
+IPCC_HIDDEN void ipcc_fork_guard_release(void);
+IPCC_HIDDEN void ipcc_fork_guard_reset(void);
 
 /* ---- the release ledger: exporters' frees reach importers' idle mappings --
  * (ledger.c, ledger_request.c, exporter.c, release_helper.c; README "Idle

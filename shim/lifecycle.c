@@ -32,10 +32,12 @@ static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 static void before_fork(void)
 {
     ipcc_lock();
+    ipcc_fork_guard_hold();
 }
 
 static void after_fork_parent(void)
 {
+    ipcc_fork_guard_release();
     ipcc_unlock();
 }
 
@@ -43,6 +45,7 @@ static void after_fork_parent(void)
  * The lock may have been taken by a thread that does not exist here. */
 static void after_fork_child(void)
 {
+    ipcc_fork_guard_reset();
     ipcc_lock_reset();
     ipcc_tables_fork_child();
     ipcc_closing_reset();
@@ -80,16 +83,15 @@ static void at_exit(void)
     ipcc_release_all_idle(); /* both kinds */
 }
 
-/* atexit() holds glibc's lock of the exit handlers, which exit() takes too:
- * a signal handler that calls exit() while this thread is inside atexit()
- * would wait for it forever. Signals wait the instant it takes instead. */
+/* atexit() holds glibc's lock of the exit handlers, which exit() takes too
+ * and a fork copies held: the guard keeps signals (a handler calling exit())
+ * and forks out the instant it takes. */
 void ipcc_atexit(void (*fn)(void))
 {
-    sigset_t all, saved;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &saved);
+    sigset_t saved;
+    ipcc_fork_guard_enter(&saved);
     atexit(fn);
-    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    ipcc_fork_guard_leave(&saved);
 }
 
 /* ---- start -------------------------------------------------------------- */
