@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -79,6 +80,48 @@ Test(vmm, recycled_fd_number_is_a_miss, .timeout = 10)
     uint64_t before = vmm().imports;
     CUmemGenericAllocationHandle b = import(reused);
     cr_assert_neq(b, a);
+    cr_assert_eq(vmm().imports - before, 1);
+}
+
+/* The fd the cache opened during an import: its kept dup. -1 if none. */
+static int fd_opened_by(int fd)
+{
+    static char was_open[4096];
+    for (int i = 0; i < 4096; i++)
+        was_open[i] = fcntl(i, F_GETFD) >= 0;
+    import(fd);
+    for (int i = 0; i < 4096; i++)
+        if (!was_open[i] && fcntl(i, F_GETFD) >= 0)
+            return i;
+    return -1;
+}
+
+/* The app closes a number it does not own (a double close): the cache's
+ * kept dup. Another export's fd lands on that number and is imported: the
+ * number is the kept one, the file is not, and a hit would hand out the
+ * other allocation. */
+Test(vmm, fd_landing_on_a_kept_dups_number_is_a_miss, .timeout = 10)
+{
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle x = create(), y = create();
+    int fd = export_fd(x);
+    int kept = fd_opened_by(fd);
+    cr_assert_geq(kept, 0, "the import kept no dup");
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur >= 1024)
+        cr_assert_geq(kept, 512, "the dup is kept at a low number");
+    CUmemGenericAllocationHandle a = import(fd);
+    cr_assert_eq(cuMemRelease(a), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(a), CUDA_SUCCESS);
+    close(kept); /* the app's stray close */
+    int other = export_fd(y); /* the lowest free number: most likely that one */
+    if (other != kept) {
+        cr_assert_eq(dup2(other, kept), kept);
+        close(other);
+    }
+    uint64_t before = vmm().imports;
+    CUmemGenericAllocationHandle b = import(kept);
+    cr_assert_neq(b, a, "the import of another allocation was a hit");
     cr_assert_eq(vmm().imports - before, 1);
 }
 
@@ -273,7 +316,7 @@ Test(vmm, threads_share_one_import, .timeout = 20)
 static int open_fds(void)
 {
     int n = 0;
-    for (int fd = 0; fd < 1024; fd++)
+    for (int fd = 0; fd < 4096; fd++)
         n += fcntl(fd, F_GETFD) >= 0;
     return n;
 }
