@@ -258,6 +258,11 @@ IPCC_HIDDEN int32_t ipcc_vmm_self_pid(void);         /* getpid, asked once per p
 /* ---- vmm_evict.c: really releasing what the VMM table gave up ---------- */
 
 IPCC_HIDDEN void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted);
+/* Kept chunks taken for unmapping, and the app's calls that wait for them
+ * (vmm_evict.c). */
+IPCC_HIDDEN void ipcc_vmm_unmaps_taken(const struct ipcc_vmm_ops *ops);
+IPCC_HIDDEN void ipcc_vmm_wait_unmaps_in(uint64_t addr, uint64_t size);
+IPCC_HIDDEN void ipcc_vmm_unmaps_reset(void);
 
 /* ---- tables.c: the layer below both kinds; the one idle budget ----------- */
 

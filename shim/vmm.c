@@ -79,6 +79,7 @@ static struct ipcc_vmm_table *active(void)
 void ipcc_vmm_fork_child(void)
 {
     memset(&recent, 0, sizeof(recent));
+    ipcc_vmm_unmaps_reset();
 }
 
 static int out_of_memory(CUresult rc)
@@ -326,6 +327,7 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
         }
         return counted(rc);
     }
+    ipcc_vmm_wait_unmaps_in(ptr, size); /* one we took may still be mapped there */
     rc = real(ptr, size);
     if (rc == CUDA_SUCCESS && done) {
         ipcc_lock();
@@ -374,6 +376,7 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
             IPCC_COUNT(vmm_map_hits);
         return counted(rc);
     }
+    ipcc_vmm_wait_unmaps_in(ptr, size);
     rc = real(ptr, size, offset, handle, flags);
     if (out_of_memory(rc)) {
         ipcc_give_way_all();
