@@ -576,6 +576,54 @@ Test(vmm, idle_cap_evicts_the_oldest_segment, .timeout = 10)
 }
 
 /* Out of handles: what the cache keeps gives way and the import succeeds. */
+/* Caps of 0: a program that unmaps and releases its imports but keeps the
+ * reservation (one it reuses) has nothing kept mapped or imported. */
+Test(vmm, caps_of_zero_keep_nothing_in_a_live_reservation, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "0", 1);
+    setenv("IPCCACHE_MAX_IDLE_BYTES", "0", 1);
+    int fds[CHUNKS];
+    exporter(fds);
+    struct fakevmm_counters before = vmm();
+    CUmemGenericAllocationHandle h[CHUNKS];
+    CUdeviceptr p = rebuild(fds, h, 1);
+    for (int i = 0; i < CHUNKS; i++) {
+        cr_assert_eq(cuMemUnmap(p + i * G, G), CUDA_SUCCESS);
+        cr_assert_eq(cuMemRelease(h[i]), CUDA_SUCCESS);
+    }
+    struct fakevmm_counters c = vmm();
+    cr_assert_eq(c.live_mappings, before.live_mappings, "kept mapped against caps of 0");
+    cr_assert_eq(c.live_handles, before.live_handles, "kept imported against caps of 0");
+    cr_assert_eq(cuMemAddressFree(p, 4 * G), CUDA_SUCCESS);
+    expect_no_stale_handles();
+}
+
+/* The idle caps count an import kept mapped in a reservation the program
+ * still holds, and evict it, oldest first, like any other idle thing. */
+Test(vmm, idle_cap_evicts_a_chunk_kept_in_a_live_reservation, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
+    int fds[CHUNKS];
+    exporter(fds);
+    struct fakevmm_counters before = vmm();
+    CUmemGenericAllocationHandle h[CHUNKS];
+    CUdeviceptr p = rebuild(fds, h, 1);
+    for (int i = 0; i < CHUNKS; i++) {
+        cr_assert_eq(cuMemUnmap(p + i * G, G), CUDA_SUCCESS);
+        cr_assert_eq(cuMemRelease(h[i]), CUDA_SUCCESS);
+    }
+    struct fakevmm_counters c = vmm();
+    cr_assert_eq(c.live_mappings - before.live_mappings, 2, "%d kept mapped with a cap of 2",
+                 (int)(c.live_mappings - before.live_mappings));
+    cr_assert_eq(c.live_handles - before.live_handles, 2);
+    uint64_t imports = c.imports;
+    import(fds[CHUNKS - 1]);
+    cr_assert_eq(vmm().imports, imports, "the newest chunk was evicted");
+    import(fds[0]);
+    cr_assert_eq(vmm().imports, imports + 1, "the oldest chunk stayed");
+    expect_no_stale_handles();
+}
+
 Test(vmm, out_of_handles_releases_idle_imports, .timeout = 10)
 {
     int fds[CHUNKS];
