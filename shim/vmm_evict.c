@@ -107,31 +107,41 @@ static void release_done(uint64_t handle)
     ipcc_unlock();
 }
 
-/* Runs the table's orders, in order, and frees them. */
+static void run_op(const struct ipcc_vmm_victim *v, int evicted)
+{
+    CUresult rc = CUDA_SUCCESS;
+    if (v->op == IPCC_VMM_UNMAP) {
+        range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_UNMAP);
+        rc = f ? f(v->addr, v->size) : NO_DRIVER;
+        unmap_done(v->addr, v->size);
+    } else if (v->op == IPCC_VMM_FREE) {
+        range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_FREE);
+        ipcc_vmm_wait_unmaps_in(v->addr, v->size); /* another thread's, taken earlier */
+        rc = f ? f(v->addr, v->size) : NO_DRIVER;
+    } else {
+        release_fn f = (release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE);
+        rc = f ? f(v->handle) : NO_DRIVER;
+        release_done(v->handle);
+        if (v->fd >= 0)
+            close(v->fd);
+        if (rc == CUDA_SUCCESS && evicted)
+            IPCC_COUNT(evictions);
+    }
+    if (rc != CUDA_SUCCESS)
+        ipcc_log(IPCC_LOG_DEBUG, "releasing a kept VMM resource failed: error %d", (int)rc);
+}
+
+/* Runs the table's orders and frees them: the unmaps first, then the
+ * address frees, then the releases. A free waits for the unmaps in its range
+ * that other threads took earlier (a kept chunk of a range still live then);
+ * its own are done by then, so no two threads wait on each other. */
 void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted)
 {
-    for (size_t i = 0; i < ops->n; i++) {
-        const struct ipcc_vmm_victim *v = &ops->v[i];
-        CUresult rc = CUDA_SUCCESS;
-        if (v->op == IPCC_VMM_UNMAP) {
-            range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_UNMAP);
-            rc = f ? f(v->addr, v->size) : NO_DRIVER;
-            unmap_done(v->addr, v->size);
-        } else if (v->op == IPCC_VMM_FREE) {
-            range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_FREE);
-            rc = f ? f(v->addr, v->size) : NO_DRIVER;
-        } else {
-            release_fn f = (release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE);
-            rc = f ? f(v->handle) : NO_DRIVER;
-            release_done(v->handle);
-            if (v->fd >= 0)
-                close(v->fd);
-            if (rc == CUDA_SUCCESS && evicted)
-                IPCC_COUNT(evictions);
-        }
-        if (rc != CUDA_SUCCESS)
-            ipcc_log(IPCC_LOG_DEBUG, "releasing a kept VMM resource failed: error %d", (int)rc);
-    }
+    static const enum ipcc_vmm_op phases[] = { IPCC_VMM_UNMAP, IPCC_VMM_FREE, IPCC_VMM_RELEASE };
+    for (size_t p = 0; p < sizeof(phases) / sizeof(phases[0]); p++)
+        for (size_t i = 0; i < ops->n; i++)
+            if (ops->v[i].op == phases[p])
+                run_op(&ops->v[i], evicted);
     if (ops->lost)
         ipcc_log(IPCC_LOG_WARN, "out of memory; %zu kept VMM resources stay until exit",
                  ops->lost);

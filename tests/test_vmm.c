@@ -624,6 +624,46 @@ Test(vmm, idle_cap_evicts_a_chunk_kept_in_a_live_reservation, .timeout = 10)
     expect_no_stale_handles();
 }
 
+static void *release_in_thread(void *h)
+{
+    cr_assert_eq(cuMemRelease(*(CUmemGenericAllocationHandle *)h), CUDA_SUCCESS);
+    return NULL;
+}
+
+/* Another thread's eviction is unmapping a chunk kept in a live range (the
+ * stand-in's unmap made slow) when the app frees that range, idle now with
+ * another kept chunk, and a reserve hinted there tears it down: the range's
+ * free waits for that unmap, and the hint gets the range. */
+Test(vmm, freeing_a_kept_range_waits_for_another_threads_unmap_in_it, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "1", 1);
+    int fds[CHUNKS];
+    exporter(fds);
+    CUmemGenericAllocationHandle h0 = import(fds[0]), h1 = import(fds[1]);
+    CUdeviceptr p = 0;
+    cr_assert_eq(cuMemAddressReserve(&p, 4 * G, 0, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(p, G, 0, h0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(p + G, G, 0, h1, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemUnmap(p, G), CUDA_SUCCESS);
+    cr_assert_eq(cuMemUnmap(p + G, G), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(h0), CUDA_SUCCESS);
+    int64_t reserved = vmm().live_reservations;
+    setenv("FAKECUDA_VMM_SLOW_UNMAP_MS", "300", 1);
+    pthread_t t; /* its release evicts h0's import: unmaps the kept chunk at p */
+    cr_assert_eq(pthread_create(&t, NULL, release_in_thread, &h1), 0);
+    for (int i = 0; i < 3000 && !fakevmm_unmaps_under_way(); i++)
+        usleep(1000);
+    cr_assert(fakevmm_unmaps_under_way(), "no eviction unmapped the kept chunk");
+    unsetenv("FAKECUDA_VMM_SLOW_UNMAP_MS");
+    cr_assert_eq(cuMemAddressFree(p, 4 * G), CUDA_SUCCESS); /* idle: h1's chunk kept */
+    CUdeviceptr again = 0;
+    cr_assert_eq(cuMemAddressReserve(&again, 4 * G, 0, p, 0), CUDA_SUCCESS);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_assert_eq(again, p, "the kept range was not freed for the hint");
+    cr_assert_eq(vmm().live_reservations, reserved, "a reservation leaked");
+    expect_no_stale_handles();
+}
+
 Test(vmm, out_of_handles_releases_idle_imports, .timeout = 10)
 {
     int fds[CHUNKS];
