@@ -147,8 +147,14 @@ $(BUILD)/tests/libinterposer_%.so: tests/interposer_lib.c
 	    $(if $(filter getproc,$*),-DLOOKUP_RESOLVER) \
 	    $(if $(filter resolver,$*),-DHOOK_RESOLVER) -o $@ $< -ldl
 
+# Widens a moment inside a C library call, for the fork and signal races.
+$(BUILD)/tests/libwindow.so: tests/window_lib.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl
+
 # Runs probe under LD_PRELOAD in fresh processes.
-$(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe $(INTERPOSERS)
+$(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe $(INTERPOSERS) \
+                             $(BUILD)/tests/libwindow.so
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/test_process.c $(TEST_LIBS)
 
 # RTLD_NEXT identity without Criterion (architectures tested under emulation).

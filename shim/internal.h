@@ -7,6 +7,7 @@
 #ifndef IPCC_INTERNAL_H
 #define IPCC_INTERNAL_H
 
+#include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -278,6 +279,11 @@ IPCC_HIDDEN int32_t ipcc_vmm_self_pid(void);         /* getpid, asked once per p
 /* ---- vmm_evict.c: really releasing what the VMM table gave up ---------- */
 
 IPCC_HIDDEN void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted);
+/* Kept chunks taken for unmapping, and the app's calls that wait for them
+ * (vmm_evict.c). */
+IPCC_HIDDEN void ipcc_vmm_unmaps_taken(const struct ipcc_vmm_ops *ops);
+IPCC_HIDDEN void ipcc_vmm_wait_unmaps_in(uint64_t addr, uint64_t size);
+IPCC_HIDDEN void ipcc_vmm_unmaps_reset(void);
 
 /* ---- tables.c: the layer below both kinds; the one idle budget ----------- */
 
@@ -505,6 +511,12 @@ IPCC_HIDDEN void ipcc_lock(void);
 IPCC_HIDDEN void ipcc_unlock(void);
 IPCC_HIDDEN int ipcc_lock_try(void);
 IPCC_HIDDEN void ipcc_lock_reset(void);
+/* Around a C library call whose lock a fork would copy held (lock.c). */
+IPCC_HIDDEN void ipcc_fork_guard_enter(sigset_t *saved);
+IPCC_HIDDEN void ipcc_fork_guard_leave(const sigset_t *saved);
+IPCC_HIDDEN void ipcc_fork_guard_hold(void);
+IPCC_HIDDEN void ipcc_fork_guard_release(void);
+IPCC_HIDDEN void ipcc_fork_guard_reset(void);
 
 /* ---- the release ledger: exporters' frees reach importers' idle mappings --
  * (ledger.c, ledger_request.c, exporter.c, release_helper.c; README "Idle

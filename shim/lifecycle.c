@@ -23,6 +23,30 @@ static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 /* ---- fork: no CUDA calls here; the child's CUDA state is not usable ----- */
 
 /*
+ * Where another thread may be when a thread forks, and why the child lives:
+ *  - in the table lock or the fork guard (lock.c): the prepare handler below
+ *    takes both, so the fork waits; the child resets them. The guard covers
+ *    the two calls whose glibc lock fork neither takes nor resets: atexit()
+ *    (exit handlers) and dl_iterate_phdr() (the loader's object list).
+ *  - in dlopen/dladdr/dlsym/dlclose (resolve.c): the loader's lock, which
+ *    glibc's fork resets in the child; so is its TLS lock.
+ *  - in malloc (tables, keysets): fork takes every arena and resets them.
+ *  - in pthread_once (start, the driver's functions): an init under way in
+ *    the parent runs again in the child; start() is safe to run twice.
+ *  - in pthread_create (the helper thread): the stack list is reset.
+ *  - in pthread_atfork (modules register their child handlers lazily): fork
+ *    holds that list's lock throughout and releases it in both processes.
+ *  - in strerror (a read lock of the message catalogs, shared: the child's
+ *    readers pass), vsnprintf and write (no lock) for a message.
+ *  - in a driver call (the helper's close, release or unmap; never under a
+ *    lock of ours): the child's CUDA is unusable anyway, and no handler
+ *    here calls the driver; the child's tables are empty, so its exit
+ *    releases nothing.
+ *  - in the stats signal handler: write() only.
+ * The library takes no stdio, environment-writing or locale lock.
+ */
+
+/*
  * Registered when the library is loaded, not at start: glibc runs for a fork
  * only the handlers registered before that fork began, so a fork begun just
  * before start would otherwise copy the lock while another thread's fork
@@ -32,10 +56,12 @@ static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 static void before_fork(void)
 {
     ipcc_lock();
+    ipcc_fork_guard_hold();
 }
 
 static void after_fork_parent(void)
 {
+    ipcc_fork_guard_release();
     ipcc_unlock();
 }
 
@@ -43,6 +69,7 @@ static void after_fork_parent(void)
  * The lock may have been taken by a thread that does not exist here. */
 static void after_fork_child(void)
 {
+    ipcc_fork_guard_reset();
     ipcc_lock_reset();
     ipcc_tables_fork_child();
     ipcc_closing_reset();
@@ -80,16 +107,15 @@ static void at_exit(void)
     ipcc_release_all_idle(); /* both kinds */
 }
 
-/* atexit() holds glibc's lock of the exit handlers, which exit() takes too:
- * a signal handler that calls exit() while this thread is inside atexit()
- * would wait for it forever. Signals wait the instant it takes instead. */
+/* atexit() holds glibc's lock of the exit handlers, which exit() takes too
+ * and a fork copies held: the guard keeps signals (a handler calling exit())
+ * and forks out the instant it takes. */
 void ipcc_atexit(void (*fn)(void))
 {
-    sigset_t all, saved;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &saved);
+    sigset_t saved;
+    ipcc_fork_guard_enter(&saved);
     atexit(fn);
-    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    ipcc_fork_guard_leave(&saved);
 }
 
 /* ---- start -------------------------------------------------------------- */

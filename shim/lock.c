@@ -1,5 +1,6 @@
 /*
- * lock.c - the table lock: the library's only lock.
+ * lock.c - the table lock, the library's only lock of its own data, and
+ * the fork guard (below), which keeps forks out of a few C library calls.
  *
  * glibc's adaptive mutex: a waiter spins briefly before sleeping (critical
  * sections are a hash lookup and a reference count), and a running thread
@@ -16,6 +17,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 
 #include "internal.h"
 
@@ -67,4 +69,50 @@ void ipcc_lock_reset(void)
     static const pthread_mutex_t fresh = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
     table_lock = fresh;
     held_here = 0;
+}
+
+/* ---- the fork guard ----------------------------------------------------- */
+
+/*
+ * A few C library calls hold a lock of glibc's that its fork neither takes
+ * nor resets in the child: atexit() (the list of exit handlers) and
+ * dl_iterate_phdr() (the loader's list of objects). A fork in one of them on
+ * another thread gives a child that waits on that lock forever, at exit or
+ * at its own call. The library makes them only inside this guard, which its
+ * fork handler takes after the table lock: a fork waits the instant such a
+ * call takes. Signals wait too: a handler on this thread that forks, or
+ * calls exit(), would wait on what this thread holds.
+ */
+static pthread_mutex_t fork_guard = PTHREAD_MUTEX_INITIALIZER;
+
+void ipcc_fork_guard_enter(sigset_t *saved)
+{
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, saved);
+    pthread_mutex_lock(&fork_guard);
+}
+
+void ipcc_fork_guard_leave(const sigset_t *saved)
+{
+    pthread_mutex_unlock(&fork_guard);
+    pthread_sigmask(SIG_SETMASK, saved, NULL);
+}
+
+/* For the fork handlers: held from the prepare step to the parent's or the
+ * child's step. The child resets it, as the table lock. */
+void ipcc_fork_guard_hold(void)
+{
+    pthread_mutex_lock(&fork_guard);
+}
+
+void ipcc_fork_guard_release(void)
+{
+    pthread_mutex_unlock(&fork_guard);
+}
+
+void ipcc_fork_guard_reset(void)
+{
+    static const pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    fork_guard = fresh;
 }

@@ -137,7 +137,10 @@ NOT_SANITIZED static int below_us(const void *addr)
     if (!target || !self || target == self)
         return 0;
     struct load_order o = { self->l_addr, target->l_addr, 0, 0 };
+    sigset_t saved;
+    ipcc_fork_guard_enter(&saved); /* its lock is one a fork copies held */
     dl_iterate_phdr(visit_object, &o);
+    ipcc_fork_guard_leave(&saved);
     return o.below;
 }
 

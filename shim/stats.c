@@ -263,19 +263,30 @@ static void find_request_dir(void)
 
 /* ---- the handler -------------------------------------------------------- */
 
-/* What the program chose for the signal before us. */
-static struct sigaction previous_action;
+/* What the program chose for the signal before us. Our handler is live
+ * before sigaction hands back the old action, so the action read just
+ * before is published first; should the program have changed it in
+ * between, what sigaction handed back replaces it, whole (one pointer). */
+static struct sigaction previous_read, previous_replaced;
+static const struct sigaction *_Atomic previous_action;
 
 /* Calls the program's handler exactly as the kernel would have. */
 static void chain_previous(int sig, siginfo_t *info, void *uctx)
 {
-    if (previous_action.sa_flags & SA_SIGINFO) {
-        if (previous_action.sa_sigaction)
-            previous_action.sa_sigaction(sig, info, uctx);
-    } else if (previous_action.sa_handler != SIG_DFL &&
-               previous_action.sa_handler != SIG_IGN) {
-        previous_action.sa_handler(sig);
+    const struct sigaction *p = atomic_load(&previous_action);
+    if (!p)
+        return;
+    if (p->sa_flags & SA_SIGINFO) {
+        if (p->sa_sigaction)
+            p->sa_sigaction(sig, info, uctx);
+    } else if (p->sa_handler != SIG_DFL && p->sa_handler != SIG_IGN) {
+        p->sa_handler(sig);
     }
+}
+
+static int same_action(const struct sigaction *a, const struct sigaction *b)
+{
+    return a->sa_sigaction == b->sa_sigaction && a->sa_flags == b->sa_flags;
 }
 
 static void on_stats_signal(int sig, siginfo_t *info, void *uctx)
@@ -326,10 +337,14 @@ static int install(int sig)
         sa.sa_flags |= now.sa_flags & KEPT_FLAGS;
         sa.sa_mask = now.sa_mask;
     }
-    if (sigaction(sig, &sa, &previous_action) != 0) {
+    previous_read = now;
+    atomic_store(&previous_action, &previous_read);
+    if (sigaction(sig, &sa, &previous_replaced) != 0) {
         ipcc_log(IPCC_LOG_WARN, "cannot install the stats handler for signal %d", sig);
         return -1;
     }
+    if (!same_action(&previous_replaced, &now))
+        atomic_store(&previous_action, &previous_replaced);
     return 0;
 }
 

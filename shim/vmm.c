@@ -26,6 +26,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -80,6 +81,7 @@ static struct ipcc_vmm_table *active(void)
 void ipcc_vmm_fork_child(void)
 {
     memset(&recent, 0, sizeof(recent));
+    ipcc_vmm_unmaps_reset();
 }
 
 static int out_of_memory(CUresult rc)
@@ -115,13 +117,28 @@ static CUresult real_import(import_fn real, CUmemGenericAllocationHandle *h, voi
     return rc;
 }
 
+/* A dup kept high, away from the numbers a program uses and from the
+ * lowest free one the kernel hands out next: a stray close of a number the
+ * program does not own seldom frees one, and seldom gets it reused by an fd
+ * the program then imports (vmm_imports.c refuses that case anyway). Half
+ * the fd limit, at most 1024; anywhere when nothing is free up there. */
+static int high_dup(int fd)
+{
+    struct rlimit r;
+    long floor = 0;
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0)
+        floor = r.rlim_cur >= 2048 ? 1024 : (long)(r.rlim_cur / 2);
+    int d = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+    return d >= 0 || floor == 0 ? d : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
 /* A real import to record: keeps a dup of the fd as the identity. */
 static void record_import(struct ipcc_vmm_table *t, struct ipcc_vmm_id *id,
                           CUmemGenericAllocationHandle *h)
 {
     int saved_errno = errno; /* the app's */
     if (!id->fabric) {
-        id->fd = fcntl(id->fd, F_DUPFD_CLOEXEC, 0);
+        id->fd = high_dup(id->fd);
         errno = saved_errno;
         if (id->fd < 0)
             return; /* out of fds: this one is simply not cached */
@@ -314,6 +331,7 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
         }
         return counted(rc);
     }
+    ipcc_vmm_wait_unmaps_in(ptr, size); /* one we took may still be mapped there */
     rc = real(ptr, size);
     if (rc == CUDA_SUCCESS && done) {
         ipcc_lock();
@@ -362,6 +380,7 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
             IPCC_COUNT(vmm_map_hits);
         return counted(rc);
     }
+    ipcc_vmm_wait_unmaps_in(ptr, size);
     rc = real(ptr, size, offset, handle, flags);
     if (out_of_memory(rc)) {
         ipcc_give_way_all();

@@ -130,6 +130,14 @@ size_t ipcc_vmm_table_imports(const struct ipcc_vmm_table *t)
 
 /* ---- imports: identity ---------------------------------------------------- */
 
+/* An asked fd with a kept dup's number: we hold that number open, so
+ * someone closed our dup (a stray close, close_range) and the number now
+ * names whatever came next. Comparing it with itself would say "same". */
+static int one_number(const struct ipcc_vmm_id *a, const struct ipcc_vmm_id *b)
+{
+    return !a->fabric && !b->fabric && a->fd == b->fd;
+}
+
 /* Three-way order of identities: fd ones first, then fabric by bytes.
  * Returns IPCC_VMM_CMP_FAILED or IPCC_VMM_UNORDERED as the comparator does. */
 static int id_order(const struct ipcc_vmm_table *t, const struct ipcc_vmm_id *a,
@@ -141,6 +149,8 @@ static int id_order(const struct ipcc_vmm_table *t, const struct ipcc_vmm_id *a,
         int c = memcmp(a->bytes, b->bytes, sizeof(a->bytes));
         return c < 0 ? -1 : c > 0;
     }
+    if (one_number(a, b))
+        return IPCC_VMM_CMP_FAILED; /* undecidable: passed through, uncached */
     return t->cmp(a->fd, b->fd);
 }
 
@@ -225,6 +235,8 @@ static void remove_at(struct ipcc_vmm_import **arr, size_t n, size_t at)
 static int is_import(const struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
                      const struct ipcc_vmm_import *m)
 {
+    if (one_number(id, &m->id))
+        return 0;
     if (t->same && !id->fabric && !m->id.fabric) {
         int same = t->same(id->fd, m->id.fd);
         if (same >= 0)

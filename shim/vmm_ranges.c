@@ -582,9 +582,17 @@ void ipcc_vmm_clear_range(struct ipcc_vmm_table *t, uint64_t addr, uint64_t size
             res_evict(t, i, 0, ops);
 }
 
+/* Idle as the caps count it (ipcc_vmm_account): neither held nor mapped by
+ * the app; alone, or kept mapped where the app unmapped it, also in a
+ * reservation the app still holds. */
+static int import_idle(const struct ipcc_vmm_import *m)
+{
+    return m->refs == 0 && m->live_pins == 0;
+}
+
 /* The least recently used idle thing: an idle reservation (*res set) or an
- * import nothing uses (*imp set), when it last went idle in *ns. 0 when
- * nothing is idle. */
+ * idle import (*imp set), when it last went idle in *ns. 0 when nothing is
+ * idle. */
 static int oldest_idle(const struct ipcc_vmm_table *t, long *res, long *imp, uint64_t *ns)
 {
     *res = *imp = -1;
@@ -597,7 +605,7 @@ static int oldest_idle(const struct ipcc_vmm_table *t, long *res, long *imp, uin
     }
     for (size_t i = 0; i < t->nimports; i++) {
         struct ipcc_vmm_import *m = t->by_id[i];
-        if (ipcc_vmm_import_lone_idle(m) && m->last_ns < *ns) {
+        if (import_idle(m) && m->last_ns < *ns) {
             *ns = m->last_ns;
             *imp = (long)i;
             *res = -1;
@@ -615,8 +623,37 @@ int ipcc_vmm_oldest_idle(const struct ipcc_vmm_table *t, uint64_t *ns)
     return oldest_idle(t, &res, &imp, ns);
 }
 
+/* Queues the teardown of an idle import: its kept chunks unmapped (the idle
+ * reservations holding one torn down whole, with the imports only they
+ * used), then the import released. 0 if it could not be (nothing queued). */
+static int import_evict(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m,
+                        struct ipcc_vmm_ops *ops)
+{
+    uint64_t handle = m->handle; /* m may go with an idle reservation */
+    for (size_t i = t->nres; i-- > 0 && m->kept_pins > 0;) {
+        struct ipcc_vmm_range *r = t->res[i];
+        for (size_t k = r->n; k-- > 0;) {
+            if (r->chunks[k].imp != m)
+                continue;
+            if (r->idle) {
+                res_evict(t, i, 1, ops);
+                break;
+            }
+            ipcc_vmm_ops_push(ops, IPCC_VMM_UNMAP, r->chunks[k].addr, r->chunks[k].size, 0, -1);
+            chunk_remove(t, r, k);
+        }
+        m = ipcc_vmm_import_of(t, handle);
+        if (!m)
+            return 1;
+    }
+    if (!ipcc_vmm_import_lone_idle(m))
+        return 0; /* pinned by a chunk no range holds: cannot be */
+    ipcc_vmm_drop_import(t, m, ops);
+    return 1;
+}
+
 /* Queues the teardown of the least recently used idle thing (a reservation
- * with the imports only it used, or a lone import). 0 when nothing is idle. */
+ * with the imports only it used, or an import). 0 when nothing is idle. */
 int ipcc_vmm_evict_one(struct ipcc_vmm_table *t, struct ipcc_vmm_ops *ops)
 {
     long res, imp;
@@ -624,9 +661,8 @@ int ipcc_vmm_evict_one(struct ipcc_vmm_table *t, struct ipcc_vmm_ops *ops)
     if (!oldest_idle(t, &res, &imp, &ns))
         return 0;
     if (imp >= 0)
-        ipcc_vmm_drop_import(t, t->by_id[imp], ops);
-    else
-        res_evict(t, (size_t)res, 1, ops);
+        return import_evict(t, t->by_id[imp], ops);
+    res_evict(t, (size_t)res, 1, ops);
     return 1;
 }
 

@@ -21,10 +21,12 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define G FAKEVMM_GRANULARITY
@@ -357,7 +359,30 @@ static int cuts_a_mapping(uint64_t addr, uint64_t size)
     return 0;
 }
 
+static atomic_int unmaps_under_way;
+
+int fakevmm_unmaps_under_way(void)
+{
+    return atomic_load(&unmaps_under_way);
+}
+
+static CUresult unmap_now(CUdeviceptr ptr, size_t size);
+
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    long ms = setting("FAKECUDA_VMM_SLOW_UNMAP_MS", 0);
+    if (ms <= 0)
+        return unmap_now(ptr, size);
+    atomic_fetch_add(&unmaps_under_way, 1);
+    struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
+    while (nanosleep(&t, &t) != 0)
+        ;
+    CUresult rc = unmap_now(ptr, size);
+    atomic_fetch_sub(&unmaps_under_way, 1);
+    return rc;
+}
+
+static CUresult unmap_now(CUdeviceptr ptr, size_t size)
 {
     vlock();
     v_cnt.unmap_calls++;

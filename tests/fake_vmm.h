@@ -35,6 +35,9 @@ struct fakevmm_counters {
 };
 
 void fakevmm_get_counters(struct fakevmm_counters *out);
+/* Unmaps under way: with FAKECUDA_VMM_SLOW_UNMAP_MS set, each cuMemUnmap
+ * waits that long before it unmaps, to widen a race window. */
+int fakevmm_unmaps_under_way(void);
 
 /* Access flags of device dev at ptr (inside a mapping); -1 if unmapped. */
 long long fakevmm_access(CUdeviceptr ptr, int dev);

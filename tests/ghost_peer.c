@@ -24,6 +24,10 @@
  *   vmm_open PID FD BYTES  the consumer's rebuild: pidfd_getfd, import, close
  *                    the fd, reserve, map, set access: "ok IDX"
  *   vmm_close IDX    the consumer's release: unmap, release, address free: "ok RC"
+ *   vmm_drop IDX     its first half: unmap, release: "ok RC"
+ *   vmm_free_in_unmap IDX  its second half, the address free, once the
+ *                    stand-in has an unmap under way (its window widened
+ *                    by FAKECUDA_VMM_SLOW_UNMAP_MS; up to 10 s): "ok RC"
  *   deny_cross_kcmp  from now on kcmp between two processes fails (EPERM)
  */
 #define _GNU_SOURCE
@@ -43,6 +47,7 @@
 #include <unistd.h>
 
 #include "fake_cuda.h"
+#include "fake_vmm.h"
 
 #ifndef SYS_clone3
 #define SYS_clone3 435 /* the same number on every architecture */
@@ -270,15 +275,29 @@ static void cmd_vmm_open(const char *arg)
     reply("ok %lld", vmm_keep(s));
 }
 
+static CUresult vmm_drop(const struct vmm_slot *s)
+{
+    CUresult rc = cuMemUnmap(s->ptr, s->size);
+    return rc == CUDA_SUCCESS ? cuMemRelease(s->h) : rc;
+}
+
 static void cmd_vmm_close(const char *arg)
 {
     struct vmm_slot *s = vmm_at(arg);
-    CUresult rc = cuMemUnmap(s->ptr, s->size);
-    if (rc == CUDA_SUCCESS)
-        rc = cuMemRelease(s->h);
+    CUresult rc = vmm_drop(s);
     if (rc == CUDA_SUCCESS)
         rc = cuMemAddressFree(s->ptr, s->size);
     reply("ok %lld", rc);
+}
+
+static void cmd_vmm_free_in_unmap(const char *arg)
+{
+    struct vmm_slot *s = vmm_at(arg);
+    for (int i = 0; i < 10000 && !fakevmm_unmaps_under_way(); i++)
+        usleep(1000);
+    if (!fakevmm_unmaps_under_way())
+        return reply("err %lld", -2);
+    reply("ok %lld", cuMemAddressFree(s->ptr, s->size));
 }
 
 /* kcmp(pid1, pid2, ...) with pid1 != pid2 fails, as where another process's
@@ -346,6 +365,10 @@ static void dispatch(char *cmd, char *arg)
         cmd_vmm_open(arg);
     else if (strcmp(cmd, "vmm_close") == 0)
         cmd_vmm_close(arg);
+    else if (strcmp(cmd, "vmm_drop") == 0)
+        reply("ok %lld", vmm_drop(vmm_at(arg)));
+    else if (strcmp(cmd, "vmm_free_in_unmap") == 0)
+        cmd_vmm_free_in_unmap(arg);
     else if (strcmp(cmd, "deny_cross_kcmp") == 0)
         cmd_deny_cross_kcmp();
     else if (strcmp(cmd, "exit") == 0)

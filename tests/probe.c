@@ -1108,6 +1108,110 @@ static int scenario_fork_at_start(int argc, char **argv)
     return bad;
 }
 
+/*
+ * A fork, or the stats signal, inside a C library call ipccache makes,
+ * widened by tests/window_lib.c (preloaded ahead, IPCC_TEST_WINDOW naming
+ * the call). "atexit" and "phdr": a thread makes the call that lands in the
+ * window (the first IPC open, which registers the exit handlers; a lookup of
+ * a hooked name, which checks the load order), the main thread forks in it,
+ * and the child opens, looks up and exits within 5 s. "sigaction": the
+ * signal comes while ipccache installs its handler; the program's own
+ * handler must see it.
+ */
+static struct {
+    int (*wait_open)(void);
+    CUcontext ctx;
+    CUipcMemHandle h;
+    int phdr;
+} window;
+
+static void *window_hook(const char *name)
+{
+    void *p = dlsym(RTLD_DEFAULT, name);
+    if (!p)
+        die(EXIT_SETUP, "no %s: tests/window_lib.c is not preloaded", name);
+    return p;
+}
+
+static void window_child(void)
+{
+    alarm(5);
+    CUdeviceptr p = 0;
+    resolve("cuIpcOpenMemHandle", 11000);
+    CUresult rc = drv.ipc_open(&p, window.h, LAZY);
+    if (rc == CUDA_SUCCESS)
+        rc = drv.ipc_close(p);
+    exit(rc == CUDA_SUCCESS ? 0 : 3); /* exit handlers run too */
+}
+
+static void *window_call(void *arg)
+{
+    (void)arg;
+    drv.ctx_set_current(window.ctx);
+    if (window.phdr) {
+        resolve("cuIpcOpenMemHandle", 11000);
+    } else {
+        CUdeviceptr p = 0;
+        if (drv.ipc_open(&p, window.h, LAZY) == CUDA_SUCCESS)
+            drv.ipc_close(p);
+    }
+    return NULL;
+}
+
+static atomic_int app_signals;
+
+static void count_app_signal(int sig)
+{
+    (void)sig;
+    atomic_fetch_add(&app_signals, 1);
+}
+
+static int window_signal(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = count_app_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    ((void (*)(void))window_hook("window_arm"))();
+    CUdeviceptr p = 0;
+    CHECK(drv.ipc_open(&p, window.h, LAZY)); /* ipccache installs its handler */
+    CHECK(drv.ipc_close(p));
+    int raised = ((int (*)(void))window_hook("window_raised"))();
+    put("window_opened", raised);
+    put("app_signals", atomic_load(&app_signals));
+    return raised != 1 || atomic_load(&app_signals) != raised;
+}
+
+static int scenario_window(int argc, char **argv)
+{
+    const char *what = argc > 2 ? argv[2] : "";
+    load_driver();
+    window.ctx = use_primary_context();
+    window.h = foreign_handle(1);
+    if (strcmp(what, "sigaction") == 0)
+        return window_signal();
+    window.phdr = strcmp(what, "phdr") == 0;
+    if (!window.phdr && ((int (*)(void))window_hook("window_fill_exit_block"))() != 0)
+        die(EXIT_SETUP, "glibc's exit handlers are not laid out in blocks of 32");
+    window.wait_open = (int (*)(void))window_hook("window_wait_open");
+    ((void (*)(void))window_hook("window_arm"))();
+    fflush(stdout);
+    pthread_t t;
+    if (pthread_create(&t, NULL, window_call, NULL) != 0)
+        die(EXIT_SETUP, "pthread_create failed");
+    int opened = window.wait_open();
+    pid_t pid = fork();
+    if (pid < 0)
+        die(EXIT_SETUP, "fork: %s", strerror(errno));
+    if (pid == 0)
+        window_child();
+    put("window_opened", opened);
+    int bad = reap(pid, "child");
+    pthread_join(t, NULL);
+    return bad || !opened;
+}
+
 /* ---- main ---------------------------------------------------------------- */
 
 static const struct {
@@ -1135,6 +1239,7 @@ static const struct {
     { "threads", scenario_threads, "[N=8]" },
     { "fork", scenario_fork, "[unguarded]" },
     { "fork_at_start", scenario_fork_at_start, "" },
+    { "window", scenario_window, "atexit|phdr|sigaction" },
 };
 
 int main(int argc, char **argv)

@@ -185,6 +185,8 @@ static long long now_ms(void)
     return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
 }
 
+static const char *reply_to(struct peer *p, const char *cmd, int n);
+
 /* Sends one command and returns the one-line reply (without newline). */
 static const char *ask(struct peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static const char *ask(struct peer *p, const char *fmt, ...)
@@ -196,6 +198,12 @@ static const char *ask(struct peer *p, const char *fmt, ...)
     va_end(ap);
     cmd[n++] = '\n';
     cr_assert_eq(write(p->in, cmd, (size_t)n), n, "peer %d gone", (int)p->pid);
+    return reply_to(p, cmd, n);
+}
+
+/* The reply to cmd (n bytes, sent already). */
+static const char *reply_to(struct peer *p, const char *cmd, int n)
+{
     size_t len = 0;
     long long deadline = now_ms() + REPLY_LIMIT_MS;
     while (len < sizeof(p->line) - 1) {
@@ -940,6 +948,26 @@ Test(ghost, vmm_live_import_keeps_the_memory_until_its_release, .timeout = 40)
     cr_assert(eq(u64, phys(), 0), "the release after the exporter's kept the import cached");
     finish(&imp);
     finish(&exp);
+}
+
+Test(ghost, vmm_release_during_the_importers_teardown_leaves_its_free_working, .timeout = 40)
+{
+    /* The exporter releases while the importer tears its segment down (unmap, release, then address free: PyTorch's order) and the helper's unmap of the kept chunk is slow: the importer's address free in that unmap still succeeds, as without the library. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("FAKECUDA_VMM_SLOW_UNMAP_MS=300"));
+    struct vmm_exported e = vmm_export(&exp, 8 * MIB);
+    int idx = vmm_import(&imp, &e, 0);
+    cr_assert_eq(ok(&imp, ask(&imp, "vmm_drop %d", idx)), CUDA_SUCCESS);
+    char cmd[64];
+    int n = snprintf(cmd, sizeof(cmd), "vmm_release %d\n", e.idx);
+    cr_assert_eq(write(exp.in, cmd, (size_t)n), n); /* its reply comes after the helper's */
+    cr_assert(eq(llong, ok(&imp, ask(&imp, "vmm_free_in_unmap %d", idx)), CUDA_SUCCESS),
+              "the importer's cuMemAddressFree during the helper's unmap");
+    cr_assert_eq(ok(&exp, reply_to(&exp, cmd, n - 1)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0));
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
 }
 
 Test(ghost, vmm_exporter_without_the_library_keeps_as_before, .timeout = 40)

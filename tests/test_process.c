@@ -649,6 +649,51 @@ Test(process, fork_begun_before_start_gets_a_usable_lock, .timeout = 30)
     expect_kv(&p, "late_child_exit", 0);
 }
 
+/* Runs "window WHAT" with tests/window_lib.c preloaded ahead of ipccache,
+ * widening the moment WHAT names. Not under the sanitizer: its runtime
+ * intercepts the same calls first and starts before the window can. */
+static void run_window(struct proc *p, const char *what)
+{
+    if (getenv("IPCC_TEST_PRELOAD_PREFIX"))
+        cr_skip_test("the sanitizer's runtime intercepts the calls the window widens");
+    char *preload = format("LD_PRELOAD=%s/tests/libwindow.so:%s/libipccache.so", build_dir,
+                           build_dir);
+    char *mode = format("IPCC_TEST_WINDOW=%s", what);
+    probe(p, ENV(preload, mode), "window", what);
+    free(preload);
+    free(mode);
+}
+
+Test(process, fork_while_registering_exit_handlers_gives_a_live_child, .timeout = 30)
+{
+    /* A fork while another thread's first IPC call registers ipccache's exit handlers (glibc's lock of them held, widened): the child opens, closes and exits. */
+    struct proc p;
+    run_window(&p, "atexit");
+    expect_quiet_success(&p);
+    expect_kv(&p, "window_opened", 1);
+    expect_kv(&p, "child_exit", 0);
+}
+
+Test(process, fork_while_checking_the_load_order_gives_a_live_child, .timeout = 30)
+{
+    /* A fork while another thread's lookup of a hooked name walks the loaded objects (the loader's list lock held, widened): the child looks up, opens and exits. */
+    struct proc p;
+    run_window(&p, "phdr");
+    expect_quiet_success(&p);
+    expect_kv(&p, "window_opened", 1);
+    expect_kv(&p, "child_exit", 0);
+}
+
+Test(process, stats_signal_while_installing_reaches_the_programs_handler, .timeout = 20)
+{
+    /* The stats signal arriving after ipccache's handler is live but before sigaction handed back the program's: the program's handler still runs. */
+    struct proc p;
+    run_window(&p, "sigaction");
+    cr_assert(eq(int, exit_code(&p), 0), "stdout:\n%s\nstderr:\n%s", p.out, p.err);
+    expect_kv(&p, "window_opened", 1);
+    expect_kv(&p, "app_signals", 1);
+}
+
 Test(process, driver_gone_after_exit_handler_is_quiet, .timeout = 20)
 {
     /* The driver torn down at exit after ipccache's handler: exit 0, nothing said. */

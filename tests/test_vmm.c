@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -79,6 +80,48 @@ Test(vmm, recycled_fd_number_is_a_miss, .timeout = 10)
     uint64_t before = vmm().imports;
     CUmemGenericAllocationHandle b = import(reused);
     cr_assert_neq(b, a);
+    cr_assert_eq(vmm().imports - before, 1);
+}
+
+/* The fd the cache opened during an import: its kept dup. -1 if none. */
+static int fd_opened_by(int fd)
+{
+    static char was_open[4096];
+    for (int i = 0; i < 4096; i++)
+        was_open[i] = fcntl(i, F_GETFD) >= 0;
+    import(fd);
+    for (int i = 0; i < 4096; i++)
+        if (!was_open[i] && fcntl(i, F_GETFD) >= 0)
+            return i;
+    return -1;
+}
+
+/* The app closes a number it does not own (a double close): the cache's
+ * kept dup. Another export's fd lands on that number and is imported: the
+ * number is the kept one, the file is not, and a hit would hand out the
+ * other allocation. */
+Test(vmm, fd_landing_on_a_kept_dups_number_is_a_miss, .timeout = 10)
+{
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle x = create(), y = create();
+    int fd = export_fd(x);
+    int kept = fd_opened_by(fd);
+    cr_assert_geq(kept, 0, "the import kept no dup");
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur >= 1024)
+        cr_assert_geq(kept, 512, "the dup is kept at a low number");
+    CUmemGenericAllocationHandle a = import(fd);
+    cr_assert_eq(cuMemRelease(a), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(a), CUDA_SUCCESS);
+    close(kept); /* the app's stray close */
+    int other = export_fd(y); /* the lowest free number: most likely that one */
+    if (other != kept) {
+        cr_assert_eq(dup2(other, kept), kept);
+        close(other);
+    }
+    uint64_t before = vmm().imports;
+    CUmemGenericAllocationHandle b = import(kept);
+    cr_assert_neq(b, a, "the import of another allocation was a hit");
     cr_assert_eq(vmm().imports - before, 1);
 }
 
@@ -273,7 +316,7 @@ Test(vmm, threads_share_one_import, .timeout = 20)
 static int open_fds(void)
 {
     int n = 0;
-    for (int fd = 0; fd < 1024; fd++)
+    for (int fd = 0; fd < 4096; fd++)
         n += fcntl(fd, F_GETFD) >= 0;
     return n;
 }
@@ -533,6 +576,94 @@ Test(vmm, idle_cap_evicts_the_oldest_segment, .timeout = 10)
 }
 
 /* Out of handles: what the cache keeps gives way and the import succeeds. */
+/* Caps of 0: a program that unmaps and releases its imports but keeps the
+ * reservation (one it reuses) has nothing kept mapped or imported. */
+Test(vmm, caps_of_zero_keep_nothing_in_a_live_reservation, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "0", 1);
+    setenv("IPCCACHE_MAX_IDLE_BYTES", "0", 1);
+    int fds[CHUNKS];
+    exporter(fds);
+    struct fakevmm_counters before = vmm();
+    CUmemGenericAllocationHandle h[CHUNKS];
+    CUdeviceptr p = rebuild(fds, h, 1);
+    for (int i = 0; i < CHUNKS; i++) {
+        cr_assert_eq(cuMemUnmap(p + i * G, G), CUDA_SUCCESS);
+        cr_assert_eq(cuMemRelease(h[i]), CUDA_SUCCESS);
+    }
+    struct fakevmm_counters c = vmm();
+    cr_assert_eq(c.live_mappings, before.live_mappings, "kept mapped against caps of 0");
+    cr_assert_eq(c.live_handles, before.live_handles, "kept imported against caps of 0");
+    cr_assert_eq(cuMemAddressFree(p, 4 * G), CUDA_SUCCESS);
+    expect_no_stale_handles();
+}
+
+/* The idle caps count an import kept mapped in a reservation the program
+ * still holds, and evict it, oldest first, like any other idle thing. */
+Test(vmm, idle_cap_evicts_a_chunk_kept_in_a_live_reservation, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
+    int fds[CHUNKS];
+    exporter(fds);
+    struct fakevmm_counters before = vmm();
+    CUmemGenericAllocationHandle h[CHUNKS];
+    CUdeviceptr p = rebuild(fds, h, 1);
+    for (int i = 0; i < CHUNKS; i++) {
+        cr_assert_eq(cuMemUnmap(p + i * G, G), CUDA_SUCCESS);
+        cr_assert_eq(cuMemRelease(h[i]), CUDA_SUCCESS);
+    }
+    struct fakevmm_counters c = vmm();
+    cr_assert_eq(c.live_mappings - before.live_mappings, 2, "%d kept mapped with a cap of 2",
+                 (int)(c.live_mappings - before.live_mappings));
+    cr_assert_eq(c.live_handles - before.live_handles, 2);
+    uint64_t imports = c.imports;
+    import(fds[CHUNKS - 1]);
+    cr_assert_eq(vmm().imports, imports, "the newest chunk was evicted");
+    import(fds[0]);
+    cr_assert_eq(vmm().imports, imports + 1, "the oldest chunk stayed");
+    expect_no_stale_handles();
+}
+
+static void *release_in_thread(void *h)
+{
+    cr_assert_eq(cuMemRelease(*(CUmemGenericAllocationHandle *)h), CUDA_SUCCESS);
+    return NULL;
+}
+
+/* Another thread's eviction is unmapping a chunk kept in a live range (the
+ * stand-in's unmap made slow) when the app frees that range, idle now with
+ * another kept chunk, and a reserve hinted there tears it down: the range's
+ * free waits for that unmap, and the hint gets the range. */
+Test(vmm, freeing_a_kept_range_waits_for_another_threads_unmap_in_it, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "1", 1);
+    int fds[CHUNKS];
+    exporter(fds);
+    CUmemGenericAllocationHandle h0 = import(fds[0]), h1 = import(fds[1]);
+    CUdeviceptr p = 0;
+    cr_assert_eq(cuMemAddressReserve(&p, 4 * G, 0, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(p, G, 0, h0, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemMap(p + G, G, 0, h1, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemUnmap(p, G), CUDA_SUCCESS);
+    cr_assert_eq(cuMemUnmap(p + G, G), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(h0), CUDA_SUCCESS);
+    int64_t reserved = vmm().live_reservations;
+    setenv("FAKECUDA_VMM_SLOW_UNMAP_MS", "300", 1);
+    pthread_t t; /* its release evicts h0's import: unmaps the kept chunk at p */
+    cr_assert_eq(pthread_create(&t, NULL, release_in_thread, &h1), 0);
+    for (int i = 0; i < 3000 && !fakevmm_unmaps_under_way(); i++)
+        usleep(1000);
+    cr_assert(fakevmm_unmaps_under_way(), "no eviction unmapped the kept chunk");
+    unsetenv("FAKECUDA_VMM_SLOW_UNMAP_MS");
+    cr_assert_eq(cuMemAddressFree(p, 4 * G), CUDA_SUCCESS); /* idle: h1's chunk kept */
+    CUdeviceptr again = 0;
+    cr_assert_eq(cuMemAddressReserve(&again, 4 * G, 0, p, 0), CUDA_SUCCESS);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_assert_eq(again, p, "the kept range was not freed for the hint");
+    cr_assert_eq(vmm().live_reservations, reserved, "a reservation leaked");
+    expect_no_stale_handles();
+}
+
 Test(vmm, out_of_handles_releases_idle_imports, .timeout = 10)
 {
     int fds[CHUNKS];

@@ -111,6 +111,24 @@ Test(vmm_table, lookup_is_a_binary_search, .timeout = 10)
     ipcc_vmm_table_destroy(t, NULL);
 }
 
+/* An asked fd whose number is a kept one's: the kept dup was closed by
+ * someone else and the number reused, or the app passes our own fd. The
+ * two numbers name one file now whatever was kept: never a hit, as a guess
+ * or by the search. */
+Test(vmm_table, fd_number_of_a_kept_dup_is_never_a_hit, .timeout = 10)
+{
+    struct ipcc_vmm_table *t = table();
+    add(t, 700, 100, 0x1000);
+    add(t, 701, 101, 0x2000);
+    uint64_t h = 0;
+    cr_assert_eq(find(t, 9, 100, &h), 1);
+    cr_assert_eq(find(t, 9, 101, &h), 1); /* 700 then 701: guessed next time */
+    cr_assert_eq(find(t, 9, 100, &h), 1);
+    cr_assert_neq(find(t, 701, 200, &h), 1, "a guess compared 701 with itself");
+    cr_assert_neq(find(t, 700, 201, &h), 1, "the search compared 700 with itself");
+    ipcc_vmm_table_destroy(t, NULL);
+}
+
 /* Imports asked for in the order of the time before (a rebuild's chunks,
  * always received as the same fd number) take one comparison each; another
  * order still finds them; a dropped import is predicted no more. */
