@@ -28,30 +28,38 @@ CC        ?= cc
 SANITIZE  ?=
 
 CFLAGS_BASE = -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wmissing-prototypes \
-              -fPIC -fvisibility=hidden -I$(CUDA_HOME)/include -Ishim $(SANITIZE)
+              -fPIC -fvisibility=hidden -I$(CUDA_HOME)/include -Ishim $(SHIM_DIRS:%=-Ishim/%) $(SANITIZE)
 CFLAGS     ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
-SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
-           shim/lock.c shim/log.c shim/mappings.c shim/mappings_evict.c shim/resolve.c \
-           shim/stats.c shim/tables.c \
-           shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
-           shim/vmm_ranges.c shim/vmm_exporter.c shim/vmm_ghost.c \
-           shim/fmt.c shim/keyset.c shim/marker.c shim/userdir.c \
-           $(LEDGER_SRC) shim/exporter.c shim/release_helper.c
+# The library's layers, top to bottom (docs/design.md): each folder one layer.
+SHIM_DIRS = entry legacy vmm ledger budget life base
+SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c \
+           shim/legacy/legacy_calls.c shim/legacy/legacy_close.c shim/legacy/legacy_exporter.c \
+           shim/vmm/vmm_calls.c shim/vmm/vmm_close.c shim/vmm/vmm_exporter.c \
+           shim/vmm/vmm_importer.c shim/vmm/vmm_identity.c \
+           $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) shim/ledger/ledger_helper.c \
+           shim/budget/idle_budget.c shim/budget/tables.c \
+           shim/life/lifecycle.c shim/life/stats.c shim/life/marker.c \
+           $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c
+# The pure tables (unit-tested without CUDA).
+LEGACY_TABLE = shim/legacy/legacy_table.c
+VMM_TABLE    = shim/vmm/vmm_imports.c shim/vmm/vmm_ranges.c
 # The release ledger alone (unit-tested without CUDA).
-LEDGER_SRC = shim/ledger.c shim/ledger_request.c
+LEDGER_SRC = shim/ledger/ledger.c shim/ledger/ledger_request.c
+# The settings parser and what it needs (also ipccache-config).
+BASE_SRC   = shim/base/config.c shim/base/log.c shim/base/fmt.c
 # The dlsym trampoline is assembly, one file per architecture.
 ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
-TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o
-ifeq ($(wildcard shim/dlsym_$(ARCH).S),)
+TRAMPOLINE = $(BUILD)/shim/entry/dlsym_$(ARCH).o
+ifeq ($(wildcard shim/entry/dlsym_$(ARCH).S),)
 $(error ipccache supports x86_64 and aarch64; $(CC) targets $(ARCH))
 endif
 SHIM_OBJ = $(SHIM_SRC:%.c=$(BUILD)/%.o) $(TRAMPOLINE)
 LIB      = $(BUILD)/libipccache.so
 CONFIG_TOOL = $(BUILD)/ipccache-config
 # What ships (library, ipccache-config) is bound to old glibc symbol versions.
-FLOOR    = -include shim/glibc_floor.h
+FLOOR    = -include shim/base/glibc_floor.h
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
 FAKE       = $(BUILD)/tests/libcuda.so.1
@@ -79,29 +87,30 @@ help:
 prereqs:
 	@bash tests/setup.sh build
 
-$(BUILD)/shim/%.o: shim/%.c shim/internal.h shim/ledger.h shim/glibc_floor.h | prereqs
+# -MMD -MP: each object depends on the headers it really includes.
+$(BUILD)/shim/%.o: shim/%.c | prereqs
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) $(FLOOR) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -MMD -MP $(FLOOR) -c $< -o $@
 
-$(BUILD)/shim/vmm_imports.o $(BUILD)/shim/vmm_ranges.o: shim/vmm_table.h
+-include $(SHIM_SRC:%.c=$(BUILD)/%.d)
 
-$(BUILD)/shim/dlsym_%.o: shim/dlsym_%.S
+$(BUILD)/shim/entry/dlsym_%.o: shim/entry/dlsym_%.S
 	@mkdir -p $(@D)
 	$(CC) $(SANITIZE) -fPIC -c $< -o $@
 
 # Only libdl/libpthread: the library must load where no driver is installed.
-$(LIB): $(SHIM_OBJ) shim/ipccache.map
+$(LIB): $(SHIM_OBJ) shim/entry/ipccache.map
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(SANITIZE) \
-	    -Wl,--version-script=shim/ipccache.map -Wl,-Bsymbolic-functions -Wl,-z,now \
+	    -Wl,--version-script=shim/entry/ipccache.map -Wl,-Bsymbolic-functions -Wl,-z,now \
 	    -ldl -lpthread
 
 # The library's settings parser as a command (ipccache-run checks with it).
 # Static: it then runs on any glibc (an executable's start-up code needs the
 # glibc it was linked with) and needs no library at all.
-$(CONFIG_TOOL): tools/ipccache_config.c shim/config.c shim/log.c shim/fmt.c shim/internal.h | prereqs
+$(CONFIG_TOOL): tools/ipccache_config.c $(BASE_SRC) $(wildcard shim/*.h shim/*/*.h) | prereqs
 	@mkdir -p $(@D)
 	$(CC) $(filter-out -fsanitize=% -fno-sanitize-recover=%,$(ALL_CFLAGS)) -static -o $@ \
-	    tools/ipccache_config.c shim/config.c shim/log.c shim/fmt.c
+	    tools/ipccache_config.c $(BASE_SRC)
 
 # ---- tests ------------------------------------------------------------------
 
@@ -114,13 +123,11 @@ $(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 
 # The table, the settings parser and the ledger, tested alone: no CUDA, no
 # preload. calloc is wrapped so that a test can make the table's allocations fail.
-VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c
-$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c shim/userdir.c \
-                          shim/keyset.c shim/lock.c \
-                          $(VMM_TABLE) $(LEDGER_SRC) shim/internal.h shim/vmm_table.h shim/ledger.h
+UNIT_SHIM = $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) $(BASE_SRC) shim/base/userdir.c \
+            shim/base/keyset.c shim/base/lock.c
+$(BUILD)/tests/test_unit: $(UNIT_SRC) $(UNIT_SHIM) $(wildcard shim/*.h shim/*/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c shim/fmt.c shim/userdir.c shim/keyset.c shim/lock.c $(VMM_TABLE) $(LEDGER_SRC) \
+	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) $(UNIT_SHIM) \
 	    -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
@@ -224,7 +231,7 @@ test-aarch64:
 	@bash tests/test_aarch64.sh $(AARCH64_BUILD)
 
 check-exports: $(LIB)
-	@bash tests/check_exports.sh $(LIB) shim/ipccache.map
+	@bash tests/check_exports.sh $(LIB) shim/entry/ipccache.map
 
 # ---- real GPU ----------------------------------------------------------------
 

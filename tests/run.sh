@@ -102,7 +102,7 @@ count_criterion_skips() {
 
 # One check, pass or fail.
 run_check_exports() {
-    local lib=$build/libipccache.so map=$root/shim/ipccache.map
+    local lib=$build/libipccache.so map=$root/shim/entry/ipccache.map
     echo "== check_exports"
     if [[ ! -f $lib || ! -f $map ]]; then
         echo "run.sh: $lib or $map missing; export check skipped"

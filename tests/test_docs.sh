@@ -19,7 +19,7 @@ TAP_SHOW="$tmp/diff"
 # The Markdown table that starts with the header line $1.
 readme_table() { awk -v head="$1" '$0 == head { on = 1 } on && !/^\|/ { exit } on' README.md; }
 
-# --- settings: one source, shim/config.c ------------------------------------
+# --- settings: one source, shim/base/config.c --------------------------------
 if [[ -x build/ipccache-config ]]; then
     build/ipccache-config --markdown >"$tmp/want"
     readme_table "| Variable | Default | Meaning |" >"$tmp/have"

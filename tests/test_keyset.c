@@ -1,5 +1,5 @@
 /*
- * test_keyset.c - the small set of 64-byte keys (shim/keyset.c) alone.
+ * test_keyset.c - the small set of 64-byte keys (shim/base/keyset.c) alone.
  */
 #include <criterion/criterion.h>
 #include <string.h>

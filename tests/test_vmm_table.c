@@ -1,5 +1,5 @@
 /*
- * test_vmm_table.c - the VMM path's table alone (shim/vmm_imports.c, vmm_ranges.c): no CUDA,
+ * test_vmm_table.c - the VMM path's table alone (shim/vmm/vmm_imports.c, vmm_ranges.c): no CUDA,
  * no preload. File descriptions are played by numbers: desc[fd] is the
  * description fd names, and the comparator orders those as kcmp would.
  */

@@ -27,7 +27,7 @@ PY=${PYTHON:-python3}
 TAP_SHOW="$tmp/out $tmp/err"
 offline='Could not find a version|NewConnectionError|Network is unreachable|Temporary failure in name resolution|No matching distribution'
 
-# The tag the library's glibc needs allow (see shim/glibc_floor.h).
+# The tag the library's glibc needs allow (see shim/base/glibc_floor.h).
 arch=$(uname -m)
 want_tag=manylinux_2_17_$arch
 
