@@ -352,6 +352,7 @@ IPCC_HIDDEN const struct ipcc_setting *ipcc_config_table(size_t *count);
 
 IPCC_HIDDEN void ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+IPCC_HIDDEN void ipcc_log_set_level(enum ipcc_log_level level); /* the messages shown */
 
 /* ---- stats.c ------------------------------------------------------------- */
 
@@ -382,6 +383,16 @@ IPCC_HIDDEN uint64_t ipcc_stat_sum(size_t field_offset);
     atomic_fetch_add_explicit(&ipcc_my_stripe()->field, (n), memory_order_relaxed)
 #define IPCC_COUNT(field) IPCC_ADD(field, 1)
 #define IPCC_TOTAL(field) ipcc_stat_sum(offsetof(struct ipcc_counters, field))
+
+/* The figures the stats line shows from the layers above (registered at
+ * load by entry/wiring.c; async-signal-safe, the handler calls them). */
+struct ipcc_tables_gauges;
+struct ipcc_stats_sources {
+    void (*gauges)(struct ipcc_tables_gauges *out);
+    const struct ipcc_top_slot *(*top)(void);
+    uint64_t (*ghost_bytes)(void);
+};
+IPCC_HIDDEN void ipcc_stats_register(const struct ipcc_stats_sources *s);
 
 IPCC_HIDDEN uint64_t ipcc_now_ns(void);
 IPCC_HIDDEN void ipcc_stats_reset(void);
@@ -444,6 +455,14 @@ struct ipcc_hook {
 };
 
 IPCC_HIDDEN extern struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT];
+/* driver.c: the table hooks.c defines, registered at load (entry/wiring.c);
+ * NULL before. */
+IPCC_HIDDEN void ipcc_hooks_register(struct ipcc_hook *table);
+IPCC_HIDDEN struct ipcc_hook *ipcc_hook_table(void);
+IPCC_HIDDEN void ipcc_remember_real(struct ipcc_hook *h, void *real);
+IPCC_HIDDEN void ipcc_ensure_real_dlsym(void);
+struct link_map;
+IPCC_HIDDEN struct link_map *ipcc_object_of(const void *addr);
 IPCC_HIDDEN void *ipcc_resolve_substitute(const char *symbol, int version, void *real,
                                          const void *caller);
 
@@ -476,6 +495,17 @@ IPCC_HIDDEN size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id);
 
 IPCC_HIDDEN void ipcc_lifecycle_start(void);
 IPCC_HIDDEN void ipcc_atexit(void (*fn)(void));
+
+/* What the layers above have run at start, exit and fork (entry/wiring.c
+ * registers it at load). No CUDA call in fork_child: the child's driver
+ * state is not usable. */
+#define IPCC_LIFE_RESETS 8
+struct ipcc_life_hooks {
+    int (*start)(void);          /* at the first IPC call; < 0: out of memory */
+    void (*release_idle)(void);  /* at exit, after the stats line */
+    void (*fork_child[IPCC_LIFE_RESETS])(void); /* in order; NULL ends */
+};
+IPCC_HIDDEN void ipcc_life_register(const struct ipcc_life_hooks *h);
 
 /* ---- lock.c -------------------------------------------------------------- */
 
@@ -532,10 +562,16 @@ IPCC_HIDDEN void ipcc_ledger_answer(int slot, const struct ipcc_ledger_ask *ask)
 IPCC_HIDDEN int ipcc_exporter_get_handle(void *handle, uint64_t dptr);
 IPCC_HIDDEN int ipcc_exporter_free(int slot, uint64_t dptr);
 
-/* release_helper.c: the importer's side. */
+/* ledger_helper.c: the importer's side, both kinds; each kind registers
+ * what it closes when an exporter lets go of a handle (or a VMM tag). */
 IPCC_HIDDEN void ipcc_ghost_note_open(const void *handle);
+IPCC_HIDDEN void ipcc_ledger_helper_register(void (*let_go)(const void *handle));
+
+/* legacy_importer.c: the legacy kind's part (vmm_importer.c: ipcc_vmm_ghost_*). */
+IPCC_HIDDEN void ipcc_ghost_let_go(const void *handle);
 IPCC_HIDDEN void ipcc_ghost_after_close(void);
 IPCC_HIDDEN uint64_t ipcc_ghost_bytes(void);
+IPCC_HIDDEN void ipcc_ghost_fork_child(void);
 
 /* cache.c: idle entries of one exporter's allocation, in any context. */
 IPCC_HIDDEN size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,

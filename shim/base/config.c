@@ -312,8 +312,10 @@ void ipcc_config_load(void)
 {
     for (int rank = 0; rank < 3; rank++)
         for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
-            if (load_rank(&settings[i]) == rank)
+            if (load_rank(&settings[i]) == rank) {
                 load_one(&settings[i]);
+                ipcc_log_set_level(ipcc_config.log_level);
+            }
 }
 
 /* The resolver and dlsym consult this before the full load: a quiet reading

@@ -15,6 +15,13 @@
 #define MAX_MESSAGES 1000
 
 static _Atomic unsigned messages_written;
+/* Set by config.c as it reads IPCCACHE_LOG: the log knows no settings. */
+static _Atomic int shown_level = IPCC_LOG_WARN;
+
+void ipcc_log_set_level(enum ipcc_log_level level)
+{
+    atomic_store_explicit(&shown_level, (int)level, memory_order_relaxed);
+}
 
 static const char *level_prefix(enum ipcc_log_level level)
 {
@@ -28,7 +35,7 @@ static const char *level_prefix(enum ipcc_log_level level)
 
 void ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
 {
-    if (level > ipcc_config.log_level)
+    if ((int)level > atomic_load_explicit(&shown_level, memory_order_relaxed))
         return;
     unsigned n = atomic_fetch_add_explicit(&messages_written, 1, memory_order_relaxed);
     if (n > MAX_MESSAGES)
