@@ -80,18 +80,6 @@ static void at_exit(void)
     ipcc_release_all_idle(); /* both kinds */
 }
 
-/* atexit() holds glibc's lock of the exit handlers, which exit() takes too:
- * a signal handler that calls exit() while this thread is inside atexit()
- * would wait for it forever. Signals wait the instant it takes instead. */
-void ipcc_atexit(void (*fn)(void))
-{
-    sigset_t all, saved;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &saved);
-    atexit(fn);
-    pthread_sigmask(SIG_SETMASK, &saved, NULL);
-}
-
 /* ---- start -------------------------------------------------------------- */
 
 static void log_start(void)
