@@ -11,6 +11,36 @@
 
 typedef CUresult (*close_fn)(CUdeviceptr);
 
+/* ---- contexts (legacy_calls.c and the closes here need the id) ---------- */
+
+/* Said once, the first time a call finds no context ids. */
+static void say_no_context_ids(void)
+{
+    static _Atomic int said;
+    if (!atomic_exchange_explicit(&said, 1, memory_order_relaxed))
+        ipcc_log(IPCC_LOG_INFO, "the driver has no cuCtxGetId (CUDA before 12.0); "
+                                "nothing is cached, every call goes to the driver");
+}
+
+/* A context's identity for the key. cuCtxGetId (driver >= 12.0) is unique
+ * for the life of the process, so a new context at a dead one's address, or
+ * a reset primary context, never matches old entries. Without it a context
+ * cannot be told from its successor at the same address, so nothing is
+ * cached (-1: the caller passes the call through). */
+int ipcc_context_id(void *ctx, uint64_t *id)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    if (!d->ctx_get_id) {
+        say_no_context_ids();
+        return -1;
+    }
+    unsigned long long v;
+    if (d->ctx_get_id(ctx, &v) != CUDA_SUCCESS)
+        return -1;
+    *id = v;
+    return 0;
+}
+
 /* ---- mappings being closed --------------------------------------------- */
 
 /*
