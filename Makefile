@@ -34,14 +34,14 @@ ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 # The library's layers, top to bottom (docs/design.md): each folder one layer.
 SHIM_DIRS = entry legacy vmm ledger budget life base
-SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c \
+SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            shim/legacy/legacy_calls.c shim/legacy/legacy_close.c shim/legacy/legacy_exporter.c \
            shim/vmm/vmm_calls.c shim/vmm/vmm_close.c shim/vmm/vmm_exporter.c \
            shim/vmm/vmm_importer.c shim/vmm/vmm_identity.c \
            $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) shim/ledger/ledger_helper.c \
            shim/budget/idle_budget.c shim/budget/tables.c \
            shim/life/lifecycle.c shim/life/stats.c shim/life/marker.c \
-           $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c
+           $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c shim/base/driver.c
 # The pure tables (unit-tested without CUDA).
 LEGACY_TABLE = shim/legacy/legacy_table.c
 VMM_TABLE    = shim/vmm/vmm_imports.c shim/vmm/vmm_ranges.c

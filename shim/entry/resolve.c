@@ -8,6 +8,9 @@
  * last two land here: the real lookup runs first with the caller's arguments,
  * and only a successful answer for a hooked name is replaced by our wrapper.
  *
+ * The real functions themselves are found by base/driver.c; the hook table
+ * (entry/hooks.c) reaches both through ipcc_hooks_register().
+ *
  * The exported dlsym is an assembly trampoline (dlsym_<arch>.S): it asks
  * ipcc_dlsym_hook() for a wrapper and otherwise jumps - not calls - to the
  * real dlsym, so glibc still sees the original caller's return address and
@@ -29,55 +32,22 @@
 
 #include "internal.h"
 
-void *(*ipcc_real_dlsym)(void *, const char *);
-
 /* The dlsym path runs inside sanitizer runtimes' own start-up (ASan looks up
  * mmap with dlsym before its shadow memory exists), so it is never
  * instrumented. */
 #define NOT_SANITIZED __attribute__((no_sanitize("address", "undefined", "thread")))
-
-static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
-static struct ipcc_driver driver;
-
-/* ---- the real dlsym ----------------------------------------------------- */
-
-/* The public dlsym is ours, and glibc >= 2.34 has no private alias: ask for
- * the next definition by version. 2.34 first (the current one), then the
- * original version of each architecture (x86-64, aarch64) for older glibc. */
-NOT_SANITIZED static void find_real_dlsym(void)
-{
-    static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17" };
-    for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
-        void *p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-        if (p) {
-            __atomic_store_n(&ipcc_real_dlsym, (void *(*)(void *, const char *))p,
-                             __ATOMIC_RELEASE);
-            return;
-        }
-    }
-    ipcc_log(IPCC_LOG_ERROR, "cannot find the C library's dlsym; aborting");
-    abort();
-}
-
-/* No pthread_once here: sanitizer runtimes call dlsym while initialising
- * themselves, before their pthread interceptors can run. The lookup has no
- * side effects, so threads racing through it just store the same value. */
-NOT_SANITIZED static void ensure_real_dlsym(void)
-{
-    if (__builtin_expect(__atomic_load_n(&ipcc_real_dlsym, __ATOMIC_ACQUIRE) == NULL, 0))
-        find_real_dlsym();
-}
 
 /* ---- the hook table ----------------------------------------------------- */
 
 NOT_SANITIZED static struct ipcc_hook *hook_by_symbol(const char *symbol)
 {
     /* Every hooked name starts with "cu": most lookups stop here. */
-    if (symbol[0] != 'c' || symbol[1] != 'u')
+    struct ipcc_hook *hooks = ipcc_hook_table();
+    if (symbol[0] != 'c' || symbol[1] != 'u' || !hooks)
         return NULL;
     for (int i = 0; i < IPCC_SLOT_COUNT; i++)
-        if (strcmp(ipcc_hooks[i].symbol, symbol) == 0)
-            return &ipcc_hooks[i];
+        if (strcmp(hooks[i].symbol, symbol) == 0)
+            return &hooks[i];
     return NULL;
 }
 
@@ -85,11 +55,11 @@ NOT_SANITIZED static struct ipcc_hook *hook_by_symbol(const char *symbol)
  * introduced at or before that version, as the driver itself chooses. */
 static struct ipcc_hook *hook_by_proc(const char *proc_name, int version)
 {
-    struct ipcc_hook *best = NULL;
-    if (proc_name[0] != 'c' || proc_name[1] != 'u')
+    struct ipcc_hook *best = NULL, *hooks = ipcc_hook_table();
+    if (proc_name[0] != 'c' || proc_name[1] != 'u' || !hooks)
         return NULL;
     for (int i = 0; i < IPCC_SLOT_COUNT; i++) {
-        struct ipcc_hook *h = &ipcc_hooks[i];
+        struct ipcc_hook *h = &hooks[i];
         if (strcmp(h->proc_name, proc_name) == 0 && h->since <= version &&
             (!best || h->since > best->since))
             best = h;
@@ -98,16 +68,6 @@ static struct ipcc_hook *hook_by_proc(const char *proc_name, int version)
 }
 
 /* ---- where a library sits in the load order ----------------------------- */
-
-/* The loaded object that holds addr; NULL if none does. */
-NOT_SANITIZED static struct link_map *object_of(const void *addr)
-{
-    Dl_info info;
-    struct link_map *map = NULL;
-    if (!addr || !dladdr1(addr, &info, (void **)&map, RTLD_DL_LINKMAP))
-        return NULL;
-    return map;
-}
 
 struct load_order {
     ElfW(Addr) self, target; /* load addresses: one object each */
@@ -133,7 +93,7 @@ NOT_SANITIZED static int visit_object(struct dl_phdr_info *info, size_t size, vo
  * walks the objects in load order under the loader's lock. */
 NOT_SANITIZED static int below_us(const void *addr)
 {
-    struct link_map *target = object_of(addr), *self = object_of((const void *)object_of);
+    struct link_map *target = ipcc_object_of(addr), *self = ipcc_object_of((const void *)below_us);
     if (!target || !self || target == self)
         return 0;
     struct load_order o = { self->l_addr, target->l_addr, 0, 0 };
@@ -148,114 +108,13 @@ NOT_SANITIZED static int asked_by_interposer_below(const void *caller, const cha
 {
     if (!below_us(caller))
         return 0;
-    struct link_map *m = object_of(caller);
+    struct link_map *m = ipcc_object_of(caller);
     void *h = dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD);
     if (!h)
         return 0;
     void *own = ipcc_real_dlsym(h, name); /* its own definition comes first */
     dlclose(h);
-    return own && object_of(own) == m;
-}
-
-/* Keeps the library holding fn loaded for good: we call through pointers
- * into it up to exit, after the program may have dlclosed it. */
-NOT_SANITIZED static void pin(void *fn)
-{
-    struct link_map *m = object_of(fn);
-    if (!m || !m->l_name[0])
-        return; /* the program itself */
-    void *h = dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
-    if (h)
-        dlclose(h); /* drops the reference; RTLD_NODELETE stays */
-}
-
-/* Remembers the first real function seen for a row. Any later one the driver
- * hands out for the same row has the same ABI, so the first stays. */
-NOT_SANITIZED static void remember_real(struct ipcc_hook *h, void *real)
-{
-    void *expected = NULL;
-    if (real && real != h->wrapper && atomic_compare_exchange_strong(&h->real, &expected, real))
-        pin(real);
-}
-
-/* A handle on the loaded driver without loading anything: the library that
- * holds a real function we already know, else whatever libcuda.so.1 is. */
-static void *driver_handle(void)
-{
-    for (int i = 0; i < IPCC_SLOT_COUNT; i++) {
-        Dl_info info;
-        void *real = atomic_load(&ipcc_hooks[i].real);
-        if (real && dladdr(real, &info) && info.dli_fname) {
-            void *h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
-            if (h)
-                return h;
-        }
-    }
-    return dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-}
-
-/* Looks a driver symbol up past ourselves: first in the global scope after
- * this library, then in the driver loaded privately (cudart dlopens it
- * RTLD_LOCAL). Never through RTLD_DEFAULT, which would find our own hook. */
-static void *find_in_driver(const char *symbol)
-{
-    ensure_real_dlsym();
-    void *p = ipcc_real_dlsym(RTLD_NEXT, symbol);
-    if (p)
-        return p;
-    void *h = driver_handle();
-    if (!h)
-        return NULL;
-    p = ipcc_real_dlsym(h, symbol);
-    dlclose(h); /* drops only the reference NOLOAD took */
-    return p;
-}
-
-/* The real function behind a hooked row, found lazily for callers that
- * reached the wrapper through a linked symbol. NULL if no driver is loaded. */
-void *ipcc_real(int slot)
-{
-    struct ipcc_hook *h = &ipcc_hooks[slot];
-    void *real = atomic_load_explicit(&h->real, memory_order_acquire);
-    if (real)
-        return real;
-    remember_real(h, find_in_driver(h->symbol));
-    return atomic_load(&h->real);
-}
-
-/* ---- driver functions the cache itself calls ---------------------------- */
-
-/* A driver function the cache calls itself, its library pinned. */
-static void *driver_function(const char *symbol)
-{
-    void *fn = find_in_driver(symbol);
-    pin(fn);
-    return fn;
-}
-
-static void find_driver_functions(void)
-{
-    driver.ctx_get_current = (int (*)(void **))driver_function("cuCtxGetCurrent");
-    driver.ctx_get_id = (int (*)(void *, unsigned long long *))driver_function("cuCtxGetId");
-    driver.ctx_push = (int (*)(void *))driver_function("cuCtxPushCurrent_v2");
-    driver.ctx_pop = (int (*)(void **))driver_function("cuCtxPopCurrent_v2");
-    driver.mem_get_range =
-        (int (*)(uint64_t *, size_t *, uint64_t))driver_function("cuMemGetAddressRange_v2");
-    driver.thread_capture_mode =
-        (int (*)(int *))driver_function("cuThreadExchangeStreamCaptureMode");
-    if (!driver.ctx_get_current)
-        ipcc_log(IPCC_LOG_WARN, "driver lacks cuCtxGetCurrent; caching is off");
-}
-
-static _Atomic int driver_found;
-
-const struct ipcc_driver *ipcc_driver(void)
-{
-    if (__builtin_expect(!atomic_load_explicit(&driver_found, memory_order_acquire), 0)) {
-        pthread_once(&driver_once, find_driver_functions);
-        atomic_store_explicit(&driver_found, 1, memory_order_release);
-    }
-    return &driver;
+    return own && ipcc_object_of(own) == m;
 }
 
 /* ---- substitution ------------------------------------------------------- */
@@ -270,7 +129,7 @@ void *ipcc_resolve_substitute(const char *symbol, int version, void *real, const
     struct ipcc_hook *h = hook_by_proc(symbol, version);
     if (!h || asked_by_interposer_below(caller, h->symbol))
         return real;
-    remember_real(h, real);
+    ipcc_remember_real(h, real);
     return h->wrapper;
 }
 
@@ -288,7 +147,7 @@ void *ipcc_resolve_substitute(const char *symbol, int version, void *real, const
  */
 NOT_SANITIZED void *ipcc_dlsym_hook(void *handle, const char *name, const void *caller)
 {
-    ensure_real_dlsym();
+    ipcc_ensure_real_dlsym();
     if (!name || handle == RTLD_NEXT)
         return NULL;
     struct ipcc_hook *h = hook_by_symbol(name);
@@ -297,6 +156,6 @@ NOT_SANITIZED void *ipcc_dlsym_hook(void *handle, const char *name, const void *
     void *real = ipcc_real_dlsym(handle, name);
     if (!real || !below_us(real) || asked_by_interposer_below(caller, name))
         return NULL;
-    remember_real(h, real);
+    ipcc_remember_real(h, real);
     return h->wrapper;
 }
