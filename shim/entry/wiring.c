@@ -9,9 +9,30 @@
  */
 #include "internal.h"
 
+/* What a fork child forgets, in this order; no CUDA call among them. */
+static const struct ipcc_life_hooks life = {
+    .start = ipcc_tables_start,
+    .release_idle = ipcc_release_all_idle,
+    .fork_child = {
+        ipcc_tables_fork_child,
+        ipcc_closing_reset,
+        ipcc_vmm_fork_child,
+        ipcc_vmm_identity_fork_child,
+        ipcc_contexts_changing,
+    },
+};
+
+static const struct ipcc_stats_sources stats = {
+    .gauges = ipcc_tables_gauges,
+    .top = ipcc_tables_top,
+    .ghost_bytes = ipcc_ghost_bytes,
+};
+
 /* First among the library's constructors: the hook table must be known
  * before anything can look a name up or fork. */
 __attribute__((constructor(101))) static void wire_layers(void)
 {
     ipcc_hooks_register(ipcc_hooks);
+    ipcc_life_register(&life);
+    ipcc_stats_register(&stats);
 }

@@ -1,7 +1,8 @@
 /*
- * lifecycle.c - start-up on the first IPC call, fork, and exit: the top of
- * the library, calling down into the tables (tables.c), eviction (evict.c)
- * and the stats.
+ * lifecycle.c - start-up on the first IPC call, fork, and exit. Below the
+ * layers it starts and resets: they register what to run with
+ * ipcc_life_register() (entry/wiring.c, at load), so that this file calls
+ * nothing above the basics and the stats.
  *
  * At load time only the fork handlers are registered (see there): a process
  * that never opens an IPC handle gets no signal handler, no atexit entry,
@@ -19,6 +20,13 @@
 #include "internal.h"
 
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
+static const struct ipcc_life_hooks *layers;
+
+/* Before any fork or IPC call can reach the handlers below. */
+void ipcc_life_register(const struct ipcc_life_hooks *h)
+{
+    layers = h;
+}
 
 /* ---- fork: no CUDA calls here; the child's CUDA state is not usable ----- */
 
@@ -44,12 +52,9 @@ static void after_fork_parent(void)
 static void after_fork_child(void)
 {
     ipcc_lock_reset();
-    ipcc_tables_fork_child();
-    ipcc_closing_reset();
-    ipcc_vmm_fork_child();
-    ipcc_vmm_identity_fork_child();
+    for (size_t i = 0; layers && i < IPCC_LIFE_RESETS && layers->fork_child[i]; i++)
+        layers->fork_child[i]();
     ipcc_stats_reset();
-    ipcc_contexts_changing();
 }
 
 __attribute__((constructor)) static void watch_forks(void)
@@ -77,7 +82,8 @@ static void at_exit(void)
     if (!ipcc_lock_try())
         return;
     ipcc_unlock(); /* free now: the release takes it a batch at a time */
-    ipcc_release_all_idle(); /* both kinds */
+    if (layers && layers->release_idle)
+        layers->release_idle(); /* both kinds */
 }
 
 /* ---- start -------------------------------------------------------------- */
@@ -100,7 +106,7 @@ static void start(void)
         ipcc_log(IPCC_LOG_INFO, "disabled by IPCCACHE_DISABLE; passing calls through");
         return;
     }
-    if (ipcc_tables_start() < 0) {
+    if (layers && layers->start && layers->start() < 0) {
         ipcc_log(IPCC_LOG_WARN, "out of memory at start; passing calls through");
         ipcc_config.disabled = 1;
         return;

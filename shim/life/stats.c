@@ -96,6 +96,15 @@ static uint64_t mean(uint64_t total, uint64_t samples)
     return samples ? total / samples : 0;
 }
 
+/* The figures the layers above keep, registered at load (entry/wiring.c):
+ * set before any signal handler exists, so the handler may read them. */
+static const struct ipcc_stats_sources *sources;
+
+void ipcc_stats_register(const struct ipcc_stats_sources *s)
+{
+    sources = s;
+}
+
 static void put_counters(struct ipcc_out *o, uint64_t hits, const struct ipcc_tables_gauges *g)
 {
     uint64_t misses = IPCC_TOTAL(misses);
@@ -123,7 +132,7 @@ static void put_gauges(struct ipcc_out *o, const struct ipcc_tables_gauges *g)
     put_field(o, "evictions", IPCC_TOTAL(evictions));
     put_field(o, "invalidations", IPCC_TOTAL(invalidations));
     put_field(o, "releases_on_request", IPCC_TOTAL(releases_on_request));
-    put_field(o, "ghost_bytes", ipcc_ghost_bytes());
+    put_field(o, "ghost_bytes", sources ? sources->ghost_bytes() : 0);
     put_field(o, "passthrough", IPCC_TOTAL(open_passthrough) + IPCC_TOTAL(close_passthrough));
     put_field(o, "errors", IPCC_TOTAL(errors));
 }
@@ -142,7 +151,7 @@ static void put_costs(struct ipcc_out *o, uint64_t hits)
 
 static void put_top(struct ipcc_out *o, uint64_t now_ns)
 {
-    const struct ipcc_top_slot *slots = ipcc_tables_top();
+    const struct ipcc_top_slot *slots = sources ? sources->top() : NULL;
     put_str(o, ",\"top\":[");
     if (slots) {
         int first = 1;
@@ -174,8 +183,9 @@ size_t ipcc_stats_format(char *buf, size_t cap)
     put_field(&o, "pid", (uint64_t)getpid());
     put_str(&o, ",\"version\":\"" IPCC_VERSION "\"");
     uint64_t hits = IPCC_TOTAL(hits); /* one reading for the count and the saving */
-    struct ipcc_tables_gauges g;
-    ipcc_tables_gauges(&g);
+    struct ipcc_tables_gauges g = { 0 };
+    if (sources)
+        sources->gauges(&g);
     put_counters(&o, hits, &g);
     put_gauges(&o, &g);
     put_costs(&o, hits);
