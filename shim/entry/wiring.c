@@ -16,16 +16,23 @@ static const struct ipcc_life_hooks life = {
     .fork_child = {
         ipcc_tables_fork_child,
         ipcc_closing_reset,
+        ipcc_ghost_fork_child,
         ipcc_vmm_fork_child,
         ipcc_vmm_identity_fork_child,
         ipcc_contexts_changing,
     },
 };
 
+/* Both kinds' bytes still mapped after their exporter freed them. */
+static uint64_t ghost_bytes(void)
+{
+    return ipcc_ghost_bytes() + ipcc_vmm_ghost_bytes();
+}
+
 static const struct ipcc_stats_sources stats = {
     .gauges = ipcc_tables_gauges,
     .top = ipcc_tables_top,
-    .ghost_bytes = ipcc_ghost_bytes,
+    .ghost_bytes = ghost_bytes,
 };
 
 /* First among the library's constructors: the hook table must be known
@@ -35,4 +42,6 @@ __attribute__((constructor(101))) static void wire_layers(void)
     ipcc_hooks_register(ipcc_hooks);
     ipcc_life_register(&life);
     ipcc_stats_register(&stats);
+    ipcc_ledger_helper_register(ipcc_vmm_ghost_let_go); /* first, as before */
+    ipcc_ledger_helper_register(ipcc_ghost_let_go);
 }

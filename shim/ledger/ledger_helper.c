@@ -1,5 +1,8 @@
 /*
- * release_helper.c - the importer's side of the release ledger.
+ * ledger_helper.c - the importer's side of the release ledger, for both
+ * kinds: which exporter each cached handle came from, and the helper thread.
+ * What to close is each kind's (legacy_importer.c, vmm_importer.c): they
+ * register it (ipcc_ledger_helper_register).
  *
  * At each cached miss the importer learns from the ledger who exported the
  * handle, asks that exporter's frees to ring its doorbell, and looks for
@@ -42,35 +45,21 @@ struct seen {
 
 static struct seen *seen;
 static struct { struct ipcc_proc who; size_t handles; } exporters[MAX_EXPORTERS];
-/* Handles freed by their exporter while the program still used them. */
-static struct ipcc_keyset doomed;
-static _Atomic uint64_t ghost;
 /* -1: not registered; -2: registration failed (no ledger, no slot). */
 static _Atomic int slot = -1;
 
-uint64_t ipcc_ghost_bytes(void)
-{
-    return atomic_load_explicit(&ghost, memory_order_relaxed) + ipcc_vmm_ghost_bytes();
-}
+/* Each kind's importer side (legacy_importer.c, vmm_importer.c), registered
+ * at load by entry/wiring.c: what to close when an exporter lets go. */
+#define MAX_KINDS 2
+static void (*let_go_of_kind[MAX_KINDS])(const void *handle);
 
-/* ---- closing what an exporter let go of ------------------------------- */
-
-/* Closes the idle mappings of handle; returns the bytes still referenced. */
-static uint64_t close_idle_of(const unsigned char *handle)
+void ipcc_ledger_helper_register(void (*let_go)(const void *handle))
 {
-    struct ipcc_victim v[BATCH];
-    uint64_t live;
-    size_t n;
-    do {
-        live = 0;
-        ipcc_lock();
-        n = ipcc_cache_take_idle_by_handle(ipcc_table(), handle, v, BATCH, &live);
-        ipcc_closing_add(v, n);
-        ipcc_unlock();
-        ipcc_close_listed_victims(v, n, 0);
-        IPCC_ADD(releases_on_request, n);
-    } while (n == BATCH);
-    return live;
+    for (int k = 0; k < MAX_KINDS; k++)
+        if (!let_go_of_kind[k]) {
+            let_go_of_kind[k] = let_go;
+            return;
+        }
 }
 
 /* Lock held: forgets which exporter handle came from. */
@@ -82,39 +71,18 @@ static void forget_seen(struct seen *s)
     free(s);
 }
 
-/* The exporter freed (or took with it) the allocation behind handle. */
+/* The exporter freed (or took with it) the allocation behind handle: each
+ * kind closes its idle mappings of it (a VMM export's tag, a legacy handle). */
 static void let_go(const unsigned char *handle)
 {
-    ipcc_vmm_ghost_let_go(handle); /* a VMM export's tag: vmm_ghost.c */
-    uint64_t live = close_idle_of(handle);
+    for (int k = 0; k < MAX_KINDS && let_go_of_kind[k]; k++)
+        let_go_of_kind[k](handle);
     struct seen *s;
     ipcc_lock();
     HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
     if (s)
         forget_seen(s);
-    if (live) {
-        if (ipcc_keyset_add(&doomed, handle) < 0)
-            ipcc_log(IPCC_LOG_DEBUG, "too many freed allocations still in use; one will stay mapped");
-        atomic_fetch_add(&ghost, live);
-    }
     ipcc_unlock();
-}
-
-static uint64_t let_go_of_handle(const unsigned char *handle, int *in_use, void *arg)
-{
-    (void)arg;
-    uint64_t live = close_idle_of(handle);
-    *in_use = live != 0;
-    return live;
-}
-
-/* After each close by the program: one load, unless some allocation was
- * freed while in use here; then its last close really closes it. */
-void ipcc_ghost_after_close(void)
-{
-    if (ipcc_keyset_count(&doomed) == 0 || !ipcc_table())
-        return;
-    atomic_store(&ghost, ipcc_keyset_sweep(&doomed, let_go_of_handle, NULL));
 }
 
 /* ---- exporters that exited ------------------------------------------- */
@@ -237,8 +205,6 @@ static void reset_in_child(void)
         free(s);
     }
     memset(exporters, 0, sizeof(exporters));
-    ipcc_keyset_reset(&doomed);
-    atomic_store(&ghost, 0);
     atomic_store(&slot, -1);
 }
 
