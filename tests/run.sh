@@ -10,7 +10,7 @@
 #     and the tests they list but did not run are the skipped ones;
 #   - tests/check_exports.sh on BUILD/libipccache.so, counted as one check;
 #   - every other tests/test_*.sh (tools, config tool, docs, examples,
-#     install, wheel, peer-suite runner; not test_aarch64.sh), each ending with a "WORD: N
+#     install, wheel, peer-suite runner, layers; not test_aarch64.sh), each ending with a "WORD: N
 #     passed, M failed[, K skipped]" line that is added in;
 #   - no line of the library's ("ipccache: ...") in all that output, one
 #     check: a test that expects a message captures it.
