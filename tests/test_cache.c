@@ -5,7 +5,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "internal.h"
+#include "legacy.h"
 
 static struct ipcc_cache *cache;
 

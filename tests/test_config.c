@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base.h"
 
 /* Booleans: 1/0, true/false, yes/no, on/off in any case. */
 Test(config, booleans, .timeout = 10)

@@ -71,7 +71,7 @@ fi
 # --- one version --------------------------------------------------------------
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 {
-    grep -H '^#define IPCC_VERSION ' shim/internal.h
+    grep -H '^#define IPCC_VERSION ' shim/base/base.h
     grep -H '^readonly VERSION=' tools/ipccache-run
     grep -H '^VERSION = ' tools/ipccache-stats
     grep -H '^__version__ = ' python/ipccache/__init__.py

@@ -4,7 +4,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base.h"
 
 static struct ipcc_keyset set;
 

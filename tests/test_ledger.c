@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "release_ledger.h"
 #include "ledger.h"
 
 #define FOREVER_NS (60ULL * 1000 * 1000 * 1000)

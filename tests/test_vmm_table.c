@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "vmm.h"
 #include "vmm_table.h"
 
 #define G (2ULL << 20)

@@ -15,7 +15,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base.h"
 
 #define DEFAULT_MAX_IDLE_BYTES (8ULL << 30)
 #define DEFAULT_MAX_IDLE_ENTRIES 256

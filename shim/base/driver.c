@@ -11,7 +11,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "base.h"
 
 void *(*ipcc_real_dlsym)(void *, const char *);
 

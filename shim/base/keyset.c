@@ -11,7 +11,7 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "base.h"
 
 static long index_of(const struct ipcc_keyset *s, const void *key, size_t n)
 {

@@ -17,7 +17,7 @@
 #include <pthread.h>
 #include <sched.h>
 
-#include "internal.h"
+#include "base.h"
 
 /* How often the exit path tries before it gives up on a lock another thread
  * holds; critical sections are a hash lookup, so a few yields suffice. */

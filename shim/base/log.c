@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base.h"
 
 #define MAX_MESSAGES 1000
 

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base.h"
 
 /* Start time of pid in clock ticks after boot (field 22 of /proc/pid/stat);
  * 0 if it is gone, a zombie (its mappings died with it), or /proc cannot

@@ -24,7 +24,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base.h"
 
 #define DIR_NAME "ipccache"
 #define TMP_FALLBACK "/tmp/ipccache-"

@@ -14,7 +14,7 @@
  * way: legacy mappings in their own context (mappings_evict.c), VMM orders
  * with none needed (vmm_evict.c). No lock is held across a driver call.
  */
-#include "internal.h"
+#include "budget.h"
 
 #define BATCH 32
 

@@ -15,7 +15,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "budget.h"
 
 static struct ipcc_cache *_Atomic legacy;
 static struct ipcc_vmm_table *_Atomic vmm;

@@ -10,7 +10,7 @@
  */
 #include <cuda.h>
 
-#include "internal.h"
+#include "entry.h"
 
 #undef cuIpcOpenMemHandle
 #undef cuGetProcAddress

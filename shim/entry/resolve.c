@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "entry.h"
 
 /* The dlsym path runs inside sanitizer runtimes' own start-up (ASan looks up
  * mmap with dlsym before its shadow memory exists), so it is never

@@ -7,7 +7,7 @@
  * Only pointers are stored here: a process that never touches CUDA IPC
  * notices nothing.
  */
-#include "internal.h"
+#include "entry.h"
 
 /* What a fork child forgets, in this order; no CUDA call among them. */
 static const struct ipcc_life_hooks life = {

@@ -2,7 +2,7 @@
  * ledger.h - layout of the release ledger, the one shared-memory file per
  * user through which exporters ask importers to let go of idle mappings.
  * Private to ledger.c, ledger_request.c and the ledger's unit test; the rest
- * of the library uses the functions declared in internal.h.
+ * of the library uses the functions declared in release_ledger.h.
  *
  * Every field another process may write is atomic; every slot is owned by
  * one process, named by pid and start time, and taken with a compare-and-swap
@@ -11,7 +11,7 @@
 #ifndef IPCC_LEDGER_H
 #define IPCC_LEDGER_H
 
-#include "internal.h"
+#include "release_ledger.h"
 
 #define IPCC_LEDGER_MAGIC 0x31676c6363706969ULL /* "iipccgl1" */
 #define IPCC_LEDGER_NAME "release-ledger-v1"

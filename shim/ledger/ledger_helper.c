@@ -24,7 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "release_ledger.h"
+#include "life.h"
 
 static int seen_oom;
 #define HASH_NONFATAL_OOM 1

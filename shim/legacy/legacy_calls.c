@@ -14,7 +14,9 @@
 
 #include <cuda.h>
 
-#include "internal.h"
+#include "legacy.h"
+#include "budget.h"
+#include "release_ledger.h"
 
 typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 typedef CUresult (*close_fn)(CUdeviceptr);

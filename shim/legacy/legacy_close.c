@@ -7,7 +7,7 @@
  */
 #include <cuda.h>
 
-#include "internal.h"
+#include "legacy.h"
 
 typedef CUresult (*close_fn)(CUdeviceptr);
 

@@ -18,7 +18,8 @@
 
 #include <cuda.h>
 
-#include "internal.h"
+#include "legacy.h"
+#include "release_ledger.h"
 
 static int exported_oom;
 #define HASH_NONFATAL_OOM 1

@@ -9,7 +9,8 @@
  * The table lock is held only to take entries or update the set, never
  * across a driver call.
  */
-#include "internal.h"
+#include "legacy.h"
+#include "budget.h"
 
 #define BATCH 32
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "legacy.h"
 
 /* uthash must not abort the process on allocation failure: it leaves the
  * element out and raises this flag instead (read under the caller's lock). */

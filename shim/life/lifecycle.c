@@ -17,7 +17,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "life.h"
 
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 static const struct ipcc_life_hooks *layers;

@@ -31,7 +31,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "life.h"
 
 #define MARKER_SCHEMA 1
 

@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "life.h"
 
 #define STATS_SCHEMA 1
 #define LINE_MAX_BYTES 4096

@@ -32,7 +32,8 @@
 
 #include <cuda.h>
 
-#include "internal.h"
+#include "vmm.h"
+#include "budget.h"
 
 #define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 #define RECENT_MAX 512 /* imports remembered per thread until its next reserve */

@@ -12,7 +12,8 @@
 
 #include <cuda.h>
 
-#include "internal.h"
+#include "vmm.h"
+#include "budget.h"
 
 typedef CUresult (*range_fn)(CUdeviceptr, size_t);
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);

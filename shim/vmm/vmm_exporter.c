@@ -23,7 +23,8 @@
 
 #include <cuda.h>
 
-#include "internal.h"
+#include "vmm.h"
+#include "release_ledger.h"
 
 static int exports_oom;
 #define HASH_NONFATAL_OOM 1

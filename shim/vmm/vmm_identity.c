@@ -19,7 +19,7 @@
 
 #include <cuda.h>
 
-#include "internal.h"
+#include "vmm.h"
 
 static _Atomic int kcmp_refused;
 

@@ -32,7 +32,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "vmm.h"
+#include "budget.h"
+#include "release_ledger.h"
 
 /* Tags released by their exporter while the app still used an import of
  * them. */

@@ -1,12 +1,12 @@
 /*
  * vmm_table.h - what the VMM table's two files share (vmm_imports.c: the
  * table and its imports; vmm_ranges.c: reservations, chunks, access,
- * eviction). Private to them; the table's interface is in internal.h.
+ * eviction). Private to them; the table's interface is in vmm.h.
  */
 #ifndef IPCC_VMM_TABLE_H
 #define IPCC_VMM_TABLE_H
 
-#include "internal.h"
+#include "vmm.h"
 
 #define IPCC_VMM_MAX_ACCESS 8 /* devices whose access a chunk remembers */
 
