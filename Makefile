@@ -95,6 +95,18 @@ $(BUILD)/shim/%.o: shim/%.c | prereqs
 
 -include $(SHIM_SRC:%.c=$(BUILD)/%.d)
 
+# The pure tables know no CUDA, and the build proves it: they are compiled
+# with CUDA's headers shadowed by ones that stop the build.
+PURE_OBJ = $(LEGACY_TABLE:%.c=$(BUILD)/%.o) $(VMM_TABLE:%.c=$(BUILD)/%.o)
+NO_CUDA  = $(BUILD)/no-cuda
+CUDA_HEADERS = cuda.h cudaTypedefs.h cuda_runtime.h cuda_runtime_api.h driver_types.h
+$(PURE_OBJ): ALL_CFLAGS = -I$(NO_CUDA) $(CFLAGS_BASE) $(CFLAGS)
+$(PURE_OBJ): | $(NO_CUDA)/cuda.h
+$(NO_CUDA)/cuda.h:
+	@mkdir -p $(@D)
+	@for h in $(CUDA_HEADERS); do \
+	    echo '#error "a pure table includes no CUDA header"' >$(@D)/$$h; done
+
 $(BUILD)/shim/entry/dlsym_%.o: shim/entry/dlsym_%.S
 	@mkdir -p $(@D)
 	$(CC) $(SANITIZE) -fPIC -c $< -o $@
