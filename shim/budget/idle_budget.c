@@ -1,5 +1,5 @@
 /*
- * evict.c - the one idle budget, enforced for both kinds of mapping: past
+ * idle_budget.c - the one idle budget, enforced for both kinds of mapping: past
  * IPCCACHE_MAX_IDLE_BYTES or IPCCACHE_MAX_IDLE_ENTRIES (legacy idle mappings
  * and idle VMM imports counted together) the least recently used idle thing
  * of either kind goes; everything idle goes when the driver runs out of
@@ -11,8 +11,8 @@
  *
  * Knows only the tables layer (tables.c): it takes a batch under the lock,
  * drops the lock, then each kind really closes its own victims in its own
- * way: legacy mappings in their own context (mappings_evict.c), VMM orders
- * with none needed (vmm_evict.c). No lock is held across a driver call.
+ * way: legacy mappings in their own context (legacy_close.c), VMM orders
+ * with none needed (vmm_close.c). No lock is held across a driver call.
  */
 #include "budget.h"
 

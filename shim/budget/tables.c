@@ -1,16 +1,17 @@
 /*
  * tables.c - the layer below both kinds of mapping: it owns the legacy IPC
- * table (cache.c) and the VMM table (vmm_imports.c, vmm_ranges.c). It
+ * table (legacy_table.c) and the VMM table (vmm_imports.c, vmm_ranges.c). It
  * creates them, forgets them in a fork child, totals their gauges for the
  * stats, and keeps the one idle budget: IPCCACHE_MAX_IDLE_BYTES and
  * IPCCACHE_MAX_IDLE_ENTRIES count idle legacy mappings and idle VMM imports
  * together, and the least recently used idle thing of either kind goes
  * first.
  *
- * The kinds on top (mappings.c, vmm.c) find their table here; evict.c and
- * stats.c know only this file. No driver call: what an eviction must really
- * close comes back as legacy victims and VMM orders, which the caller runs
- * after dropping the lock, each kind in its own way.
+ * The kinds on top (legacy_calls.c, vmm_calls.c) find their table here;
+ * idle_budget.c and the stats (through entry/wiring.c) know only this
+ * file. No driver call: what an eviction must really close comes back as
+ * legacy victims and VMM orders, which the caller runs after dropping the
+ * lock, each kind in its own way.
  */
 #include <pthread.h>
 #include <unistd.h>
@@ -39,7 +40,7 @@ static void create_vmm(void)
     atomic_store(&vmm, t);
 }
 
-/* At the first import (vmm.c): a process that never imports has no VMM
+/* At the first import (vmm_calls.c): a process that never imports has no VMM
  * table. NULL when out of memory. */
 struct ipcc_vmm_table *ipcc_tables_vmm_start(void)
 {

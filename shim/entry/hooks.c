@@ -1,6 +1,6 @@
 /*
  * hooks.c - the exported driver entry points, and the one table that lists
- * them. Each wrapper is thin: it forwards to mappings.c (IPC), to the real
+ * them. Each wrapper is thin: it forwards to legacy_calls.c (IPC), to the real
  * resolver (cuGetProcAddress), or to the real teardown call followed by
  * dropping the dead context's entries.
  *
@@ -176,7 +176,7 @@ IPCC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return primary_teardown(IPCC_SLOT_PRIMARY_RESET_V2, dev);
 }
 
-/* ---- VMM sharing (PyTorch expandable segments): vmm.c ------------------ */
+/* ---- VMM sharing (PyTorch expandable segments): vmm_calls.c ------------- */
 
 IPCC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
                                                     void *os_handle,

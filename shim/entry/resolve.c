@@ -1,6 +1,5 @@
 /*
- * resolve.c - finding the real driver functions, and handing our wrappers to
- * whoever looks the hooked names up.
+ * resolve.c - handing our wrappers to whoever looks the hooked names up.
  *
  * Callers reach the driver three ways (see README, "How it hooks"): linked
  * symbols (the exports themselves), dlsym on libcuda (cudart, ctypes), and

@@ -72,7 +72,7 @@ IPCC_HIDDEN const struct ipcc_cache_gauges *ipcc_cache_gauges(const struct ipcc_
 
 IPCC_HIDDEN const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c);
 
-/* cache.c: idle entries of one exporter's allocation, in any context. */
+/* legacy_table.c: idle entries of one exporter's allocation, in any context. */
 IPCC_HIDDEN size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
                                                   struct ipcc_victim *out, size_t cap,
                                                   uint64_t *live_bytes);

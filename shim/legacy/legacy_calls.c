@@ -1,5 +1,5 @@
 /*
- * mappings.c - opening and closing IPC memory through the cache.
+ * legacy_calls.c - opening and closing IPC memory through the cache.
  *
  * The contract is the driver's own: a hit returns the pointer the driver
  * would return and takes a reference; a close drops one; errors are the

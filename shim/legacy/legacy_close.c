@@ -1,6 +1,6 @@
 /*
- * mappings_evict.c - really closing legacy IPC mappings the cache has given
- * up (evict.c chose them, or the exporter asked for them back).
+ * legacy_close.c - really closing legacy IPC mappings the cache has given
+ * up (idle_budget.c chose them, or the exporter asked for them back).
  *
  * The driver closes in the current context, so a victim from another context
  * is closed with its own context pushed, and the caller's restored after.

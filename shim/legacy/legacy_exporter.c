@@ -1,5 +1,5 @@
 /*
- * exporter.c - the exporter's side of the release ledger.
+ * legacy_exporter.c - the exporter's side of the release ledger.
  *
  * cuIpcGetMemHandle: remember the exported allocation (its base address and
  * handle) and publish the handle in the ledger, so importers learn whose it

@@ -1,5 +1,5 @@
 /*
- * cache.c - the table of cached IPC mappings.
+ * legacy_table.c - the table of cached IPC mappings.
  *
  * Pure data structure: no CUDA, no I/O, no locking (the caller holds the one
  * lock). Two indexes over the same entries, both uthash:

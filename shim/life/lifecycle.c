@@ -66,7 +66,7 @@ __attribute__((constructor)) static void watch_forks(void)
 
 /* Registered at the first IPC call, hence after cudart's own exit handler,
  * hence run before it tears the driver down. If the driver is gone anyway,
- * the closes fail quietly; it cannot be unmapped (resolve.c pins it).
+ * the closes fail quietly; it cannot be unmapped (driver.c pins it).
  *
  * exit() may come from a signal handler that interrupted this thread inside
  * the table lock, the table half-updated: then the release is skipped, as

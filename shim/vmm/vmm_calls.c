@@ -1,5 +1,5 @@
 /*
- * vmm.c - how a VMM import and rebuild become cache hits (PyTorch's
+ * vmm_calls.c - how a VMM import and rebuild become cache hits (PyTorch's
  * expandable segments share memory this way).
  *
  * The consumer's rebuild is: per chunk, receive an fd and import it; reserve
@@ -131,7 +131,7 @@ static void record_import(struct ipcc_vmm_table *t, struct ipcc_vmm_id *id,
     ipcc_unlock();
     if (r == 1) {
         remember_recent(*h);
-        ipcc_vmm_ghost_note_import(t, *h, id->fd); /* vmm_ghost.c */
+        ipcc_vmm_ghost_note_import(t, *h, id->fd); /* vmm_importer.c */
         return;
     }
     if (!id->fabric)

@@ -1,7 +1,7 @@
 /*
- * vmm_evict.c - really releasing what the VMM table gave up: the orders a
+ * vmm_close.c - really releasing what the VMM table gave up: the orders a
  * decision queued (a kept mapping in the app's way) or an eviction took
- * (evict.c: the one budget, out of memory, exit).
+ * (idle_budget.c: the one budget, out of memory, exit).
  *
  * Never under the lock: the table hands out its orders, the lock is dropped,
  * then the driver is called. None of these calls needs a current context

@@ -1,5 +1,5 @@
 /*
- * vmm_ghost.c - the importer's side of the release ledger on the VMM path.
+ * vmm_importer.c - the importer's side of the release ledger on the VMM path.
  *
  * At an import miss of a POSIX fd, find which listed export it is: the fd
  * names the same open file description as the exporter's fd of that export,
@@ -10,7 +10,7 @@
  * numbers, so the export after the last one matched is tried first: one
  * kcmp per miss then, after a scan of the ledger's memory. The import is
  * then tagged with that export and its
- * exporter watched through release_helper.c, exactly as a legacy handle is:
+ * exporter watched through ledger_helper.c, exactly as a legacy handle is:
  * the helper thread, asked by the exporter's release (or finding the
  * exporter gone), calls ipcc_vmm_ghost_let_go with the tag.
  *
@@ -137,7 +137,7 @@ static uint64_t release_idle_of(struct ipcc_vmm_table *t, const void *tag, size_
 }
 
 /* The exporter released (or took with it) the export behind tag. Called by
- * release_helper.c for every tag; legacy handles are not ours. */
+ * ledger_helper.c for every tag; legacy handles are not ours. */
 void ipcc_vmm_ghost_let_go(const void *tag)
 {
     struct ipcc_vmm_table *t = ipcc_vmm_table();

@@ -607,7 +607,7 @@ int ipcc_vmm_evict_one(struct ipcc_vmm_table *t, struct ipcc_vmm_ops *ops)
     return 1;
 }
 
-/* ---- an exporter's release (vmm_ghost.c) ---------------------------------------- */
+/* ---- an exporter's release (vmm_importer.c) ------------------------------------- */
 
 static int from_tag(const struct ipcc_vmm_import *m, const void *tag)
 {

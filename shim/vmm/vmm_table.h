@@ -20,7 +20,7 @@ struct ipcc_vmm_import {
     uint64_t last_ns;
     int counted;               /* in the idle gauges */
     uint64_t counted_bytes;
-    int tagged;                /* tag: the export it came from (vmm_ghost.c) */
+    int tagged;                /* tag: the export it came from (vmm_importer.c) */
     struct ipcc_vmm_import *next_found; /* found right after this one last time */
     unsigned char tag[IPCC_HANDLE_BYTES];
 };
