@@ -10,7 +10,7 @@
 #   make test-aarch64    the aarch64 build, its checks run under qemu-user
 #   make check-exports   the library exports only the intercepted names
 #   make fuzz            the differential fuzzer, SEEDS=1000 from FIRST=1
-#   make mutants         one-spot bugs of shim/ (tests/mutants.txt): each must be caught
+#   make mutants         one-spot bugs of shim/ (tests/fuzz/mutants.txt): each must be caught
 #   make test-gpu        prove it on a real GPU (says so when there is none)
 #   make bench           benchmarks on a real GPU
 #   make bench-standin   the RL weight sync's VMM calls on the stand-in: the library's own cost
@@ -64,10 +64,12 @@ FLOOR    = -include shim/base/glibc_floor.h
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
 FAKE       = $(BUILD)/tests/libcuda.so.1
-UNIT_SRC   = tests/test_cache.c tests/test_config.c tests/test_vmm_table.c tests/test_ledger.c \
-             tests/test_keyset.c
-E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c tests/test_ghost.c, \
-                          $(wildcard tests/test_*.c))
+# tests/ by kind: standin/ (the stand-in driver), unit/, process/, tools/,
+# fuzz/, gpu/, peer/; tests/one.sh runs one test or suite.
+TEST_INC   = -Itests -Itests/standin -Itests/process
+UNIT_SRC   = $(wildcard tests/unit/test_*.c)
+E2E_SRC    = $(filter-out tests/process/test_process.c tests/process/test_ghost.c, \
+                          $(wildcard tests/process/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors \
              $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer $(BUILD)/tests/fuzz \
@@ -127,8 +129,8 @@ $(CONFIG_TOOL): tools/ipccache_config.c $(BASE_SRC) $(wildcard shim/*.h shim/*/*
 
 # ---- tests ------------------------------------------------------------------
 
-FAKE_SRC = tests/fake_cuda.c tests/fake_vmm.c
-$(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
+FAKE_SRC = tests/standin/fake_cuda.c tests/standin/fake_vmm.c
+$(FAKE): $(FAKE_SRC) tests/standin/fake_cuda.h tests/standin/fake_vmm.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -I$(CUDA_HOME)/include $(SANITIZE) \
 	    -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $(FAKE_SRC) -lpthread
@@ -144,14 +146,14 @@ $(BUILD)/tests/test_unit: $(UNIT_SRC) $(UNIT_SHIM) $(wildcard shim/*.h shim/*/*.
 	    -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
-$(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
+$(BUILD)/tests/libnext%.so: tests/process/rtld_next_lib.c
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -fPIC -shared $(SANITIZE) -DWHICH=$* -o $@ $< -ldl
 
 # Linked ahead of the stand-in driver, exactly as a preload is searched.
-$(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h tests/vmm_testutil.h $(LIB) $(FAKE) \
+$(BUILD)/tests/test_e2e: $(E2E_SRC) tests/process/testutil.h tests/process/vmm_testutil.h $(LIB) $(FAKE) \
                          $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $(E2E_SRC) -L$(BUILD) -L$(BUILD)/tests \
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $(E2E_SRC) -L$(BUILD) -L$(BUILD)/tests \
 	    -Wl,--no-as-needed -lipccache -lnext1 -lnext2 -lcuda -Wl,--as-needed \
 	    -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
@@ -159,7 +161,7 @@ $(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h tests/vmm_testutil.h $(LIB)
 # the next function by RTLD_NEXT, through the driver's handle (_handle) or
 # the linked resolver (_getproc); _resolver hooks cuGetProcAddress instead
 # of exporting the IPC names.
-$(BUILD)/tests/libinterposer_%.so: tests/interposer_lib.c
+$(BUILD)/tests/libinterposer_%.so: tests/process/interposer_lib.c
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden \
 	    -I$(CUDA_HOME)/include $(SANITIZE) $(if $(filter handle,$*),-DLOOKUP_HANDLE) \
@@ -167,17 +169,17 @@ $(BUILD)/tests/libinterposer_%.so: tests/interposer_lib.c
 	    $(if $(filter resolver,$*),-DHOOK_RESOLVER) -o $@ $< -ldl
 
 # Runs probe under LD_PRELOAD in fresh processes.
-$(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe $(INTERPOSERS)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/test_process.c $(TEST_LIBS)
+$(BUILD)/tests/test_process: tests/process/test_process.c $(BUILD)/tests/probe $(INTERPOSERS)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ tests/process/test_process.c $(TEST_LIBS)
 
 # RTLD_NEXT identity without Criterion (architectures tested under emulation).
-$(BUILD)/tests/rtld_next_check: tests/rtld_next_check.c $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so
+$(BUILD)/tests/rtld_next_check: tests/process/rtld_next_check.c $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so
 	$(CC) -std=gnu11 -O2 -Wall -Wextra -o $@ $< -L$(BUILD)/tests -Wl,--no-as-needed -lnext1 -lnext2 \
 	    -Wl,-rpath,'$$ORIGIN' -ldl
 
 # Sanitizer runtimes call dlsym before they can serve pthread calls. Where
 # the compiler has no ThreadSanitizer runtime the test skips itself.
-$(BUILD)/tests/hello_tsan: tests/hello_sanitized.c
+$(BUILD)/tests/hello_tsan: tests/process/hello_sanitized.c
 	@mkdir -p $(@D)
 	-$(CC) -fsanitize=thread -o $@ $< 2>/dev/null
 
@@ -189,19 +191,20 @@ $(BUILD)/tests/vmm_errors: tests/gpu/vmm_errors.cu tests/gpu/vmm_pair.h $(FAKE)
 
 # Exporter and importer of the release tests: linked with the stand-in
 # driver, run with the library preloaded; the test reads the stand-in's book.
-$(BUILD)/tests/ghost_peer: tests/ghost_peer.c $(FAKE)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
+$(BUILD)/tests/ghost_peer: tests/process/ghost_peer.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
 
-$(BUILD)/tests/test_ghost: tests/test_ghost.c $(FAKE)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
+$(BUILD)/tests/test_ghost: tests/process/test_ghost.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
-$(BUILD)/tests/probe: tests/probe.c $(FAKE)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
+$(BUILD)/tests/probe: tests/process/probe.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -ldl -lpthread
 
-# One run of the differential fuzzer; tests/fuzz.sh runs it in pairs.
-$(BUILD)/tests/fuzz: tests/fuzz.c tests/fuzz_vmm.c tests/fuzz.h tests/fake_cuda.h tests/fake_vmm.h $(FAKE)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/fuzz.c tests/fuzz_vmm.c -ldl -lpthread
+# One run of the differential fuzzer; tests/fuzz/fuzz.sh runs it in pairs.
+$(BUILD)/tests/fuzz: tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz.h tests/standin/fake_cuda.h \
+                     tests/standin/fake_vmm.h $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c -ldl -lpthread
 
 # Installs missing Debian packages first (as root), then builds and runs.
 test:
@@ -226,12 +229,12 @@ test-sanitize:
 SEEDS ?= 1000
 FIRST ?= 1
 fuzz: $(LIB) $(FAKE) $(BUILD)/tests/fuzz
-	@bash tests/fuzz.sh $(BUILD) --seeds $(SEEDS) --first $(FIRST)
+	@bash tests/fuzz/fuzz.sh $(BUILD) --seeds $(SEEDS) --first $(FIRST)
 
-# Each mutation of tests/mutants.txt in a copy of the tree: run-tests and a
+# Each mutation of tests/fuzz/mutants.txt in a copy of the tree: run-tests and a
 # fuzz batch must fail. MUTANTS="3 7" runs only those.
 mutants:
-	@bash tests/mutants.sh $(MUTANTS)
+	@bash tests/fuzz/mutants.sh $(MUTANTS)
 
 # The aarch64 build, cross-compiled and run under qemu-user.
 AARCH64_BUILD = build/aarch64
@@ -244,7 +247,7 @@ test-aarch64:
 	@bash tests/test_aarch64.sh $(AARCH64_BUILD)
 
 check-exports: $(LIB)
-	@bash tests/check_exports.sh $(LIB) shim/entry/ipccache.map
+	@bash tests/tools/check_exports.sh $(LIB) shim/entry/ipccache.map
 
 # ---- real GPU ----------------------------------------------------------------
 
@@ -252,12 +255,12 @@ test-gpu: | $(LIB)
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tests/gpu/run.sh
 
 bench: | $(LIB)
-	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
+	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench/bench.sh
 
 # No GPU: the stand-in driver plays it; three runs without and with the library, alternating.
-$(BUILD)/tools/standin_rl: tools/standin_rl.c tests/fake_cuda.h tests/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
+$(BUILD)/tools/standin_rl: tools/bench/standin_rl.c tests/standin/fake_cuda.h tests/standin/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
 
 bench-standin: $(LIB) $(BUILD)/tools/standin_rl
 	@for run in 1 2 3; do \

@@ -3,7 +3,7 @@
 # one.sh WHAT [BUILD] - runs one test or one suite of make test's, alone:
 #   tests/one.sh vmm                      every test of the Criterion suite vmm
 #   tests/one.sh vmm/kept_chunk_is_a_hit  that one test
-#   tests/one.sh layers                   the shell suite tests/test_layers.sh
+#   tests/one.sh layers                   the shell suite tests/tools/test_layers.sh
 # A Criterion suite is looked for in each of BUILD/tests/test_{unit,e2e,
 # process,ghost} (BUILD: build; make test-programs builds them).
 
@@ -13,9 +13,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 what=$1 build=${2:-$root/build}
 export IPCC_TEST_BUILD=$build
 
-if [[ -f $root/tests/test_$what.sh ]]; then
-    exec bash "$root/tests/test_$what.sh"
-fi
+for script in "$root"/tests/*/test_"$what".sh "$root"/tests/test_"$what".sh; do
+    [[ -f $script ]] && exec bash "$script"
+done
 suite=${what%%/*}
 filter=$what
 [[ $what == */* ]] || filter="$what/*"
@@ -26,5 +26,5 @@ for bin in test_unit test_e2e test_process test_ghost; do
         exec "$prog" --filter "$filter" --jobs 2
     fi
 done
-echo "one.sh: no suite $suite in $build/tests (built?) and no tests/test_$what.sh" >&2
+echo "one.sh: no suite $suite in $build/tests (built?) and no tests/*/test_$what.sh" >&2
 exit 2

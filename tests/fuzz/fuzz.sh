@@ -2,7 +2,7 @@
 #
 # fuzz.sh BUILD [--seeds N] [--first S] [--seed S [--keep LIST]]
 #
-# The differential fuzzer: runs BUILD/tests/fuzz (tests/fuzz.c) for each seed
+# The differential fuzzer: runs BUILD/tests/fuzz (tests/fuzz/fuzz.c) for each seed
 # once without and once with LD_PRELOAD=BUILD/libipccache.so, against the
 # stand-in driver. The two outputs (every return code, pointer-equality facts,
 # the driver's mappings left after exit) must be identical and nothing may be
@@ -19,11 +19,11 @@
 # FUZZ_STOP=1 stops at the first failing seed; FUZZ_FLAKY_OK=1 does not
 # count a seed that passes on its rerun (both for make mutants, which must
 # not blame a mutant for a race of today's code).
-# IPCC_FUZZ_NO_ALIASES=1 generates no aliased handles (see tests/fuzz.c).
+# IPCC_FUZZ_NO_ALIASES=1 generates no aliased handles (see tests/fuzz/fuzz.c).
 
 set -u
 
-usage() { echo "usage: tests/fuzz.sh BUILD [--seeds N] [--first S] [--seed S [--keep LIST]]" >&2; exit 2; }
+usage() { echo "usage: tests/fuzz/fuzz.sh BUILD [--seeds N] [--first S] [--seed S [--keep LIST]]" >&2; exit 2; }
 [[ $# -ge 1 ]] || usage
 build=$1; shift
 seeds=200 first=1 keep=all
@@ -101,7 +101,7 @@ minimize() {
     list=$(IFS=,; echo "${ops[*]}")
     differs "$seed" "${list:-none}" || true
     echo "fuzz: seed $seed FAILED; shortest failing sequence: ${#ops[@]} op(s)" \
-         "(tests/fuzz.sh $build --seed $seed --keep ${list:-none})"
+         "(tests/fuzz/fuzz.sh $build --seed $seed --keep ${list:-none})"
     show
 }
 
@@ -114,7 +114,7 @@ for ((seed = first; seed < first + seeds; seed++)); do
     failed=$((failed + 1))
     cp "$tmp/without.out" "$tmp/first.without"; cp "$tmp/with.out" "$tmp/first.with"
     if [[ -n ${FUZZ_MAX_MINIMIZE:-} ]] && ((failed > FUZZ_MAX_MINIMIZE)); then
-        echo "fuzz: seed $seed FAILED (not minimised: tests/fuzz.sh $build --seed $seed)"
+        echo "fuzz: seed $seed FAILED (not minimised: tests/fuzz/fuzz.sh $build --seed $seed)"
     elif differs "$seed" "$keep"; then
         minimize "$seed"
     else

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
 # mutants.sh [NAME|NUMBER ...] - make mutants: applies each mutation of
-# tests/mutants.txt, alone, to a copy of the tree and checks that the tests
+# tests/fuzz/mutants.txt, alone, to a copy of the tree and checks that the tests
 # catch it.
 #
 # The tree (with its build folder, so each mutant rebuilds only what its
@@ -28,12 +28,12 @@
 # MUTANT_HANG_S: how long a Criterion program may run (default 300 s; they
 # take seconds).
 # MUTANT_FUZZ_SEEDS: seeds in each fuzz batch (default 200; 0: suite only).
-# IPCC_FUZZ_NO_ALIASES is passed on (see tests/fuzz.c).
+# IPCC_FUZZ_NO_ALIASES is passed on (see tests/fuzz/fuzz.c).
 
 set -u
 shopt -s extglob
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-list=$root/tests/mutants.txt
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+list=$root/tests/fuzz/mutants.txt
 seeds=${MUTANT_FUZZ_SEEDS:-200}
 full=${MUTANT_FULL:-0}
 hang_s=${MUTANT_HANG_S:-300}
@@ -186,7 +186,7 @@ check() {
         [[ -s $work/$name.new || $(passed_count "$work/$name.suite2") -lt 0 ]] && what+=(suite)
     fi
     if [[ $seeds != 0 ]] &&
-        ! (cd "$tree" && FUZZ_STOP=1 FUZZ_FLAKY_OK=1 bash tests/fuzz.sh build --seeds "$seeds") \
+        ! (cd "$tree" && FUZZ_STOP=1 FUZZ_FLAKY_OK=1 bash tests/fuzz/fuzz.sh build --seeds "$seeds") \
             >"$work/$name.fuzz" 2>&1; then
         what+=(fuzz)
     fi

@@ -12,7 +12,7 @@
 set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(dirname "$here")
+root=$(dirname "$(dirname "$here")")
 SCRIPT=$root/tools/peer_suites.sh
 PY=${PYTHON:-python3}
 # The interpreter itself, not a wrapper script: quicker.

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 #
-# test_standin_rl.sh - the RL weight sync's VMM calls (tools/standin_rl.c,
+# test_standin_rl.sh - the RL weight sync's VMM calls (tools/bench/standin_rl.c,
 # make bench-standin) against the stand-in driver: without the library every
 # step reaches the driver; with it, once the first steps are cached, no step
 # makes a real import, reserve, map, set-access or unmap. Counts only, no
 # timing.
 
 set -u
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=tests/tap.sh
 . "$root/tests/tap.sh"
 

@@ -6,7 +6,7 @@
 # Needs build/ipccache-config (make test-sanitize builds it too).
 
 set -u
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=tests/tap.sh
 . "$root/tests/tap.sh"
 

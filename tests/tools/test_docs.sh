@@ -7,7 +7,7 @@
 # README; every result folder entry is in results/README.md.
 
 set -u
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=tests/tap.sh
 . "$root/tests/tap.sh"
 cd "$root" || exit 1

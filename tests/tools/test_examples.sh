@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 #
 # test_examples.sh - examples/ without docker or a cluster: the Dockerfile
-# parses (tests/check_dockerfile.py, which must also catch a broken one),
+# parses (tests/tools/check_dockerfile.py, which must also catch a broken one),
 # the pod fragment is valid YAML with the preload and the stats collection,
 # and prometheus-textfile.sh publishes a real cached process's numbers.
 
 set -u
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=tests/tap.sh
 . "$root/tests/tap.sh"
 
@@ -18,10 +18,10 @@ build=${IPCC_TEST_BUILD:-build}
 ex=$root/examples
 TAP_SHOW="$tmp/out"
 
-python3 "$root/tests/check_dockerfile.py" "$ex/Dockerfile" >"$tmp/out" 2>&1
+python3 "$root/tests/tools/check_dockerfile.py" "$ex/Dockerfile" >"$tmp/out" 2>&1
 check "examples: the Dockerfile parses" test $? -eq 0
 sed 's/^FROM /FRMO /' "$ex/Dockerfile" >"$tmp/Dockerfile.bad"
-python3 "$root/tests/check_dockerfile.py" "$tmp/Dockerfile.bad" >"$tmp/out" 2>&1
+python3 "$root/tests/tools/check_dockerfile.py" "$tmp/Dockerfile.bad" >"$tmp/out" 2>&1
 check "examples: the check refuses a misspelt instruction" grep -q "unknown instruction" "$tmp/out"
 
 if python3 -c 'import yaml' 2>/dev/null; then

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 #
 # test_layers.sh - every call between the library's files goes one way:
-# tests/check_layers.py reads the built objects' symbols (nm) and fails on
+# tests/tools/check_layers.py reads the built objects' symbols (nm) and fails on
 # any circle (docs/design.md says which layer registers what with which).
 # Also checks that the check itself sees a circle planted in two objects.
 
 set -u
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=tests/tap.sh
 . "$root/tests/tap.sh"
 tap_setup layers
 build=${IPCC_TEST_BUILD:-build}
 [[ $build == /* ]] || build=$root/$build
 TAP_SHOW="$tmp/out"
-check_layers() { python3 "$root/tests/check_layers.py" "$1" >"$tmp/out" 2>&1; }
+check_layers() { python3 "$root/tests/tools/check_layers.py" "$1" >"$tmp/out" 2>&1; }
 
 if [[ -d $build/shim ]]; then
     check_layers "$build/shim"

@@ -21,7 +21,7 @@
 set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(dirname "$here")
+root=$(dirname "$(dirname "$here")")
 RUN_TOOL="$root/tools/ipccache-run"
 STATS_TOOL="$root/tools/ipccache-stats"
 PY=${PYTHON:-python3}
@@ -52,7 +52,7 @@ trap 'exit 130' INT TERM
 
 # The case helpers (ok, not_ok, skip, check): on failure a case shows the
 # output of the last tool run, as TAP comments.
-source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
+source "$root/tests/tap.sh"
 TAP_SHOW="$tmp/out $tmp/err"
 
 # Tool runs, bounded in time. Output goes to $tmp/out and $tmp/err; the

@@ -11,7 +11,7 @@
 # the steps that need it and says so.
 
 set -u
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=tests/tap.sh
 . "$root/tests/tap.sh"
 

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# tools/bench.sh - `make bench`: what does ipccache save?
+# tools/bench/bench.sh - `make bench`: what does ipccache save?
 #
-# 1. tools/ipcbench.cu, built as build/bench/ipcbench_{static,shared}: CUDA IPC
+# 1. tools/bench/ipcbench.cu, built as build/bench/ipcbench_{static,shared}: CUDA IPC
 #    open+close pair latency by allocation size, runtime API (cudart static
 #    and shared) and driver API; each run is A1 (no shim) / B (shim) / A2 (no
 #    shim) inside one exporter process.
-# 2. tools/bench_sglang_pattern.py: SGLang's CUDA IPC multimodal transport,
+# 2. tools/bench/bench_sglang_pattern.py: SGLang's CUDA IPC multimodal transport,
 #    run A/B/A as cache on / off / on.
 # 3. tests/gpu/vmm_rebuild.c (vmm): PyTorch's expandable-segments rebuild in
 #    C on the driver API, A/B/A, with each driver call timed (the cached VMM
 #    hit path), beside ipcbench's legacy pair at 512 MiB on the driver API.
-# 4. tools/bench_torch_vmm.py (torch): PyTorch, legacy IPC and expandable
+# 4. tools/bench/bench_torch_vmm.py (torch): PyTorch, legacy IPC and expandable
 #    segments, A/B/A: rebuild + use + release of a 1 MiB slice of a 512 MiB
 #    pool, and the RL weight-sync pattern (134 tensors, 2.35 GiB per step).
 # 5. tests/gpu/ghost_free.cu (ghost): what the exporter's free of exported
 #    memory costs with 0, 1 and 8 importers holding idle mappings, and its
 #    allocation and free of other memory, A/B/A (the preload on both sides).
-# 6. tools/plot_bench.py: medians over repetitions, bench.png, summary.md
+# 6. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
 #    (also printed: the tables for the README's Performance section); then
-#    tools/bench_vmm_report.py adds the tables of 3-5 to summary.md.
+#    tools/bench/bench_vmm_report.py adds the tables of 3-5 to summary.md.
 # With two or more GPUs, everything but 5 is also run across devices (GPU0 -> GPU1).
 #
 # Environment:
@@ -30,7 +30,7 @@
 #   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
 set -u -o pipefail
 
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2
 
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVCC=${NVCC:-$CUDA_HOME/bin/nvcc}
@@ -87,7 +87,7 @@ build_ipcbench() {
     for rt in static shared; do
         # shellcheck disable=SC2086  # $arch is several words on purpose
         "$NVCC" -O2 -std=c++17 $arch -cudart "$rt" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" \
-            -o "$BUILD/ipcbench_$rt" tools/ipcbench.cu -L"$CUDA_HOME/lib64/stubs" -lcuda -lpthread \
+            -o "$BUILD/ipcbench_$rt" tools/bench/ipcbench.cu -L"$CUDA_HOME/lib64/stubs" -lcuda -lpthread \
             >"$RAW/build_ipcbench_$rt.log" 2>&1 || { note "build of ipcbench_$rt failed: $RAW/build_ipcbench_$rt.log"; return 1; }
     done
 }
@@ -140,7 +140,7 @@ sglang_run() {
               IPCCACHE_STATS_FILE="$RAW/sglang_stats_${tag}_$label.%p")
     fi
     note "sglang pattern $tag $label"
-    if ! timeout "$RUN_TIMEOUT" env "${envs[@]}" "$PYTHON" tools/bench_sglang_pattern.py "${SG_ARGS[@]}" \
+    if ! timeout "$RUN_TIMEOUT" env "${envs[@]}" "$PYTHON" tools/bench/bench_sglang_pattern.py "${SG_ARGS[@]}" \
         --label "$label" --out "$out" "$@" >"$log" 2>&1; then
         note "sglang pattern $tag $label failed (see $log)"
         FAILURES=$((FAILURES + 1))
@@ -187,7 +187,7 @@ abba() {
 bench_vmm() {
     local dev
     build_gpu_program vmm_rebuild tests/gpu/vmm_rebuild.c -lcuda || { FAILURES=$((FAILURES + 1)); return; }
-    fresh "$BUILD/ipcbench_shared" tools/ipcbench.cu || build_ipcbench || return
+    fresh "$BUILD/ipcbench_shared" tools/bench/ipcbench.cu || build_ipcbench || return
     for dev in "${DEVS[@]}"; do
         abba "vmm_rebuild_d$dev" "$BUILD/vmm_rebuild" "$VMM_ITERS" 26 20 "$dev"
     done
@@ -207,7 +207,7 @@ bench_torch() {
     for alloc in legacy expandable; do
         note "torch $alloc (consumers on GPU $devices)"
         timeout "$((RUN_TIMEOUT * 2))" env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF \
-            "$PYTHON" tools/bench_torch_vmm.py --alloc "$alloc" --shim "$LIB" \
+            "$PYTHON" tools/bench/bench_torch_vmm.py --alloc "$alloc" --shim "$LIB" \
             --consumer-devices "$devices" "${TORCH_ARGS[@]}" --stats-dir "$RAW/torch_stats" \
             --out "$RAW/torch_$alloc.json" >"$RAW/torch_$alloc.txt" 2>"$RAW/torch_$alloc.log" ||
             { note "torch $alloc failed (see $RAW/torch_$alloc.log)"; FAILURES=$((FAILURES + 1)); }
@@ -259,11 +259,11 @@ main() {
     if part ghost; then bench_ghost; fi
     note "measurements took $((SECONDS - started)) s"
     if part ipc || part sglang; then
-        "$PYTHON" tools/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
+        "$PYTHON" tools/bench/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
             FAILURES=$((FAILURES + 1))
     fi
     if part vmm || part torch || part ghost; then
-        "$PYTHON" tools/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
+        "$PYTHON" tools/bench/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
     fi
     note "results in $OUT ($FAILURES failed run(s))"
     [ "$FAILURES" -eq 0 ]

@@ -21,7 +21,7 @@ Latency is measured in the producer from submission (the scheduled time in
 the fixed-rate phase) to the ack. Phases: warm-up, a burst of --requests
 back to back, then --rate-requests at --rate requests/s.
 
-The script measures ONE configuration; tools/bench.sh runs it with and
+The script measures ONE configuration; tools/bench/bench.sh runs it with and
 without LD_PRELOAD of the shim (A/B/A). With --out it writes a JSON result;
 if IPCCACHE_STATS_FILE (with %p) is set, the consumer's ipccache stats line
 is included.

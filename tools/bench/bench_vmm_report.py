@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Tables for tools/bench.sh's VMM, PyTorch and exporter-free parts.
+"""Tables for tools/bench/bench.sh's VMM, PyTorch and exporter-free parts.
 
 usage: bench_vmm_report.py RESULTS_DIR [--append FILE]
 
 Reads RESULTS_DIR/raw/: vmm_rebuild_d<D>_<pass>.txt (tests/gpu/vmm_rebuild.c),
-legacy_pair_d<D>.csv (tools/ipcbench.cu, driver API, 512 MiB),
-torch_<alloc>.json (tools/bench_torch_vmm.py), ghost_free_i<N>_<pass>.txt
+legacy_pair_d<D>.csv (tools/bench/ipcbench.cu, driver API, 512 MiB),
+torch_<alloc>.json (tools/bench/bench_torch_vmm.py), ghost_free_i<N>_<pass>.txt
 (tests/gpu/ghost_free.cu) and the B passes' stats lines. Prints markdown
 tables with the performance targets and whether each was met; writes
 RESULTS_DIR/vmm_summary.json; with --append adds the tables to FILE (in place
