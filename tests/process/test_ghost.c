@@ -717,6 +717,24 @@ Test(ghost, vmm_live_import_keeps_the_memory_until_its_release, .timeout = 40)
     finish(&exp);
 }
 
+Test(ghost, vmm_live_import_is_counted_in_ghost_bytes, .timeout = 40)
+{
+    /* An import still mapped when its exporter releases is in the stats line's ghost_bytes. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    vmm_import(&imp, &e, 0);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
+    char stats[4096];
+    stats_of("importer", stats, sizeof(stats));
+    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":67108864,"), "%s", stats);
+}
+
 Test(ghost, vmm_exporter_without_the_library_keeps_as_before, .timeout = 40)
 {
     /* An exporter without the library lists nothing: no helper thread, and the idle import stays until the importer exits, as before. */
