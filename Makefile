@@ -10,7 +10,7 @@
 #   make test-aarch64    the aarch64 build, its checks run under qemu-user
 #   make check-exports   the library exports only the intercepted names
 #   make fuzz            the differential fuzzer, SEEDS=1000 from FIRST=1
-#   make mutants         one-spot bugs of shim/ (tests/mutants.txt): each must be caught
+#   make mutants         one-spot bugs of shim/ (tests/fuzz/mutants.txt): each must be caught
 #   make test-gpu        prove it on a real GPU (says so when there is none)
 #   make bench           benchmarks on a real GPU
 #   make bench-standin   the RL weight sync's VMM calls on the stand-in: the library's own cost
@@ -29,37 +29,48 @@ CC        ?= cc
 SANITIZE  ?=
 
 CFLAGS_BASE = -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wmissing-prototypes \
-              -fPIC -fvisibility=hidden -I$(CUDA_HOME)/include -Ishim $(SANITIZE)
+              -fPIC -fvisibility=hidden -I$(CUDA_HOME)/include -Ishim $(SHIM_DIRS:%=-Ishim/%) $(SANITIZE)
 CFLAGS     ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
-SHIM_SRC = shim/cache.c shim/config.c shim/evict.c shim/hooks.c shim/lifecycle.c \
-           shim/lock.c shim/log.c shim/mappings.c shim/mappings_evict.c shim/resolve.c \
-           shim/stats.c shim/tables.c \
-           shim/vmm.c shim/vmm_evict.c shim/vmm_identity.c shim/vmm_imports.c \
-           shim/vmm_ranges.c shim/vmm_predict.c shim/vmm_exporter.c shim/vmm_ghost.c \
-           shim/fmt.c shim/keyset.c shim/marker.c shim/userdir.c \
-           $(LEDGER_SRC) shim/exporter.c shim/release_helper.c
+# The library's layers, top to bottom (docs/design.md): each folder one layer.
+SHIM_DIRS = entry legacy vmm ledger budget life base
+SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
+           shim/legacy/legacy_calls.c shim/legacy/legacy_close.c shim/legacy/legacy_exporter.c \
+           shim/legacy/legacy_importer.c \
+           shim/vmm/vmm_calls.c shim/vmm/vmm_close.c shim/vmm/vmm_exporter.c \
+           shim/vmm/vmm_importer.c shim/vmm/vmm_identity.c \
+           $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) shim/ledger/ledger_helper.c \
+           shim/budget/idle_budget.c shim/budget/tables.c \
+           shim/life/lifecycle.c shim/life/stats.c shim/life/marker.c \
+           $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c shim/base/driver.c
+# The pure tables (unit-tested without CUDA).
+LEGACY_TABLE = shim/legacy/legacy_table.c
+VMM_TABLE    = shim/vmm/vmm_imports.c shim/vmm/vmm_ranges.c shim/vmm/vmm_predict.c
 # The release ledger alone (unit-tested without CUDA).
-LEDGER_SRC = shim/ledger.c shim/ledger_request.c
+LEDGER_SRC = shim/ledger/ledger.c shim/ledger/ledger_request.c
+# The settings parser and what it needs (also ipccache-config).
+BASE_SRC   = shim/base/config.c shim/base/log.c shim/base/fmt.c
 # The dlsym trampoline is assembly, one file per architecture.
 ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
-TRAMPOLINE = $(BUILD)/shim/dlsym_$(ARCH).o
-ifeq ($(wildcard shim/dlsym_$(ARCH).S),)
+TRAMPOLINE = $(BUILD)/shim/entry/dlsym_$(ARCH).o
+ifeq ($(wildcard shim/entry/dlsym_$(ARCH).S),)
 $(error ipccache supports x86_64 and aarch64; $(CC) targets $(ARCH))
 endif
 SHIM_OBJ = $(SHIM_SRC:%.c=$(BUILD)/%.o) $(TRAMPOLINE)
 LIB      = $(BUILD)/libipccache.so
 CONFIG_TOOL = $(BUILD)/ipccache-config
 # What ships (library, ipccache-config) is bound to old glibc symbol versions.
-FLOOR    = -include shim/glibc_floor.h
+FLOOR    = -include shim/base/glibc_floor.h
 
 TEST_LIBS  = -lcriterion -ldl -lpthread
 FAKE       = $(BUILD)/tests/libcuda.so.1
-UNIT_SRC   = tests/test_cache.c tests/test_config.c tests/test_vmm_table.c tests/test_ledger.c \
-             tests/test_keyset.c
-E2E_SRC    = $(filter-out $(UNIT_SRC) tests/test_process.c tests/test_ghost.c, \
-                          $(wildcard tests/test_*.c))
+# tests/ by kind: standin/ (the stand-in driver), unit/, process/, tools/,
+# fuzz/, gpu/, peer/; tests/one.sh runs one test or suite.
+TEST_INC   = -Itests -Itests/standin -Itests/process
+UNIT_SRC   = $(wildcard tests/unit/test_*.c)
+E2E_SRC    = $(filter-out tests/process/test_process.c tests/process/test_ghost.c, \
+                          $(wildcard tests/process/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors \
              $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer $(BUILD)/tests/fuzz \
@@ -80,34 +91,47 @@ help:
 prereqs:
 	@bash tests/setup.sh build
 
-$(BUILD)/shim/%.o: shim/%.c shim/internal.h shim/ledger.h shim/glibc_floor.h | prereqs
+# -MMD -MP: each object depends on the headers it really includes.
+$(BUILD)/shim/%.o: shim/%.c | prereqs
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) $(FLOOR) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -MMD -MP $(FLOOR) -c $< -o $@
 
-$(BUILD)/shim/vmm_imports.o $(BUILD)/shim/vmm_ranges.o: shim/vmm_table.h
+-include $(SHIM_SRC:%.c=$(BUILD)/%.d)
 
-$(BUILD)/shim/dlsym_%.o: shim/dlsym_%.S
+# The pure tables know no CUDA, and the build proves it: they are compiled
+# with CUDA's headers shadowed by ones that stop the build.
+PURE_OBJ = $(LEGACY_TABLE:%.c=$(BUILD)/%.o) $(VMM_TABLE:%.c=$(BUILD)/%.o)
+NO_CUDA  = $(BUILD)/no-cuda
+CUDA_HEADERS = cuda.h cudaTypedefs.h cuda_runtime.h cuda_runtime_api.h driver_types.h
+$(PURE_OBJ): ALL_CFLAGS = -I$(NO_CUDA) $(CFLAGS_BASE) $(CFLAGS)
+$(PURE_OBJ): | $(NO_CUDA)/cuda.h
+$(NO_CUDA)/cuda.h:
+	@mkdir -p $(@D)
+	@for h in $(CUDA_HEADERS); do \
+	    echo '#error "a pure table includes no CUDA header"' >$(@D)/$$h; done
+
+$(BUILD)/shim/entry/dlsym_%.o: shim/entry/dlsym_%.S
 	@mkdir -p $(@D)
 	$(CC) $(SANITIZE) -fPIC -c $< -o $@
 
 # Only libdl/libpthread: the library must load where no driver is installed.
-$(LIB): $(SHIM_OBJ) shim/ipccache.map
+$(LIB): $(SHIM_OBJ) shim/entry/ipccache.map
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(SANITIZE) \
-	    -Wl,--version-script=shim/ipccache.map -Wl,-Bsymbolic-functions -Wl,-z,now \
+	    -Wl,--version-script=shim/entry/ipccache.map -Wl,-Bsymbolic-functions -Wl,-z,now \
 	    -ldl -lpthread
 
 # The library's settings parser as a command (ipccache-run checks with it).
 # Static: it then runs on any glibc (an executable's start-up code needs the
 # glibc it was linked with) and needs no library at all.
-$(CONFIG_TOOL): tools/ipccache_config.c shim/config.c shim/log.c shim/fmt.c shim/internal.h | prereqs
+$(CONFIG_TOOL): tools/ipccache_config.c $(BASE_SRC) $(wildcard shim/*.h shim/*/*.h) | prereqs
 	@mkdir -p $(@D)
 	$(CC) $(filter-out -fsanitize=% -fno-sanitize-recover=%,$(ALL_CFLAGS)) -static -o $@ \
-	    tools/ipccache_config.c shim/config.c shim/log.c shim/fmt.c
+	    tools/ipccache_config.c $(BASE_SRC)
 
 # ---- tests ------------------------------------------------------------------
 
-FAKE_SRC = tests/fake_cuda.c tests/fake_vmm.c
-$(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
+FAKE_SRC = tests/standin/fake_cuda.c tests/standin/fake_vmm.c
+$(FAKE): $(FAKE_SRC) tests/standin/fake_cuda.h tests/standin/fake_vmm.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -I$(CUDA_HOME)/include $(SANITIZE) \
 	    -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $(FAKE_SRC) -lpthread
@@ -115,24 +139,22 @@ $(FAKE): $(FAKE_SRC) tests/fake_cuda.h tests/fake_vmm.h
 
 # The table, the settings parser and the ledger, tested alone: no CUDA, no
 # preload. calloc is wrapped so that a test can make the table's allocations fail.
-VMM_TABLE = shim/vmm_imports.c shim/vmm_ranges.c shim/vmm_predict.c
-$(BUILD)/tests/test_unit: $(UNIT_SRC) shim/cache.c shim/config.c shim/log.c shim/fmt.c shim/userdir.c \
-                          shim/keyset.c shim/lock.c \
-                          $(VMM_TABLE) $(LEDGER_SRC) shim/internal.h shim/vmm_table.h shim/ledger.h
+UNIT_SHIM = $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) $(BASE_SRC) shim/base/userdir.c \
+            shim/base/keyset.c shim/base/lock.c shim/base/proc.c
+$(BUILD)/tests/test_unit: $(UNIT_SRC) $(UNIT_SHIM) $(wildcard shim/*.h shim/*/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) shim/cache.c shim/config.c \
-	    shim/log.c shim/fmt.c shim/userdir.c shim/keyset.c shim/lock.c $(VMM_TABLE) $(LEDGER_SRC) \
+	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) $(UNIT_SHIM) \
 	    -Wl,--wrap=calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
-$(BUILD)/tests/libnext%.so: tests/rtld_next_lib.c
+$(BUILD)/tests/libnext%.so: tests/process/rtld_next_lib.c
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -fPIC -shared $(SANITIZE) -DWHICH=$* -o $@ $< -ldl
 
 # Linked ahead of the stand-in driver, exactly as a preload is searched.
-$(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h tests/vmm_testutil.h $(LIB) $(FAKE) \
+$(BUILD)/tests/test_e2e: $(E2E_SRC) tests/process/testutil.h tests/process/vmm_testutil.h $(LIB) $(FAKE) \
                          $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $(E2E_SRC) -L$(BUILD) -L$(BUILD)/tests \
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $(E2E_SRC) -L$(BUILD) -L$(BUILD)/tests \
 	    -Wl,--no-as-needed -lipccache -lnext1 -lnext2 -lcuda -Wl,--as-needed \
 	    -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
@@ -140,7 +162,7 @@ $(BUILD)/tests/test_e2e: $(E2E_SRC) tests/testutil.h tests/vmm_testutil.h $(LIB)
 # the next function by RTLD_NEXT, through the driver's handle (_handle) or
 # the linked resolver (_getproc); _resolver hooks cuGetProcAddress instead
 # of exporting the IPC names.
-$(BUILD)/tests/libinterposer_%.so: tests/interposer_lib.c
+$(BUILD)/tests/libinterposer_%.so: tests/process/interposer_lib.c
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden \
 	    -I$(CUDA_HOME)/include $(SANITIZE) $(if $(filter handle,$*),-DLOOKUP_HANDLE) \
@@ -148,23 +170,23 @@ $(BUILD)/tests/libinterposer_%.so: tests/interposer_lib.c
 	    $(if $(filter resolver,$*),-DHOOK_RESOLVER) -o $@ $< -ldl
 
 # Widens a moment inside a C library call, for the fork and signal races.
-$(BUILD)/tests/libwindow.so: tests/window_lib.c
+$(BUILD)/tests/libwindow.so: tests/process/window_lib.c
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl
 
 # Runs probe under LD_PRELOAD in fresh processes.
-$(BUILD)/tests/test_process: tests/test_process.c $(BUILD)/tests/probe $(INTERPOSERS) \
+$(BUILD)/tests/test_process: tests/process/test_process.c $(BUILD)/tests/probe $(INTERPOSERS) \
                              $(BUILD)/tests/libwindow.so
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/test_process.c $(TEST_LIBS)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ tests/process/test_process.c $(TEST_LIBS)
 
 # RTLD_NEXT identity without Criterion (architectures tested under emulation).
-$(BUILD)/tests/rtld_next_check: tests/rtld_next_check.c $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so
+$(BUILD)/tests/rtld_next_check: tests/process/rtld_next_check.c $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so
 	$(CC) -std=gnu11 -O2 -Wall -Wextra -o $@ $< -L$(BUILD)/tests -Wl,--no-as-needed -lnext1 -lnext2 \
 	    -Wl,-rpath,'$$ORIGIN' -ldl
 
 # Sanitizer runtimes call dlsym before they can serve pthread calls. Where
 # the compiler has no ThreadSanitizer runtime the test skips itself.
-$(BUILD)/tests/hello_tsan: tests/hello_sanitized.c
+$(BUILD)/tests/hello_tsan: tests/process/hello_sanitized.c
 	@mkdir -p $(@D)
 	-$(CC) -fsanitize=thread -o $@ $< 2>/dev/null
 
@@ -176,20 +198,20 @@ $(BUILD)/tests/vmm_errors: tests/gpu/vmm_errors.cu tests/gpu/vmm_pair.h $(FAKE)
 
 # Exporter and importer of the release tests: linked with the stand-in
 # driver, run with the library preloaded; the test reads the stand-in's book.
-$(BUILD)/tests/ghost_peer: tests/ghost_peer.c $(FAKE)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
+$(BUILD)/tests/ghost_peer: tests/process/ghost_peer.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
 
-$(BUILD)/tests/test_ghost: tests/test_ghost.c $(FAKE)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
+$(BUILD)/tests/test_ghost: tests/process/test_ghost.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
-$(BUILD)/tests/probe: tests/probe.c $(FAKE)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
+$(BUILD)/tests/probe: tests/process/probe.c $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -ldl -lpthread
 
-# One run of the differential fuzzer; tests/fuzz.sh runs it in pairs.
-$(BUILD)/tests/fuzz: tests/fuzz.c tests/fuzz_vmm.c tests/fuzz_ledger.c tests/fuzz.h tests/fake_cuda.h \
-                    tests/fake_vmm.h $(FAKE)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ tests/fuzz.c tests/fuzz_vmm.c tests/fuzz_ledger.c -ldl -lpthread
+# One run of the differential fuzzer; tests/fuzz/fuzz.sh runs it in pairs.
+$(BUILD)/tests/fuzz: tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_ledger.c tests/fuzz/fuzz.h \
+                     tests/standin/fake_cuda.h tests/standin/fake_vmm.h $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_ledger.c -ldl -lpthread
 
 # Installs missing Debian packages first (as root), then builds and runs.
 # The build's command lines are not shown (its warnings and errors are).
@@ -216,12 +238,12 @@ test-sanitize:
 SEEDS ?= 1000
 FIRST ?= 1
 fuzz: $(LIB) $(FAKE) $(BUILD)/tests/fuzz
-	@bash tests/fuzz.sh $(BUILD) --seeds $(SEEDS) --first $(FIRST)
+	@bash tests/fuzz/fuzz.sh $(BUILD) --seeds $(SEEDS) --first $(FIRST)
 
-# Each mutation of tests/mutants.txt in a copy of the tree: run-tests and a
+# Each mutation of tests/fuzz/mutants.txt in a copy of the tree: run-tests and a
 # fuzz batch must fail. MUTANTS="3 7" runs only those.
 mutants:
-	@bash tests/mutants.sh $(MUTANTS)
+	@bash tests/fuzz/mutants.sh $(MUTANTS)
 
 # The aarch64 build, cross-compiled and run under qemu-user.
 AARCH64_BUILD = build/aarch64
@@ -234,7 +256,7 @@ test-aarch64:
 	@bash tests/test_aarch64.sh $(AARCH64_BUILD)
 
 check-exports: $(LIB)
-	@bash tests/check_exports.sh $(LIB) shim/ipccache.map
+	@bash tests/tools/check_exports.sh $(LIB) shim/entry/ipccache.map
 
 # ---- real GPU ----------------------------------------------------------------
 
@@ -248,13 +270,13 @@ test-gpu:
 
 bench:
 	@$(BUILT_LIB)
-	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench.sh
+	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench/bench.sh
 
 # No GPU: the stand-in driver plays it; three runs without and with the library, alternating;
-# then each of the weight sync's other shapes (tools/standin_rl.c says which), once each way.
-$(BUILD)/tools/standin_rl: tools/standin_rl.c tests/fake_cuda.h tests/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
+# then each of the weight sync's other shapes (tools/bench/standin_rl.c says which), once each way.
+$(BUILD)/tools/standin_rl: tools/bench/standin_rl.c tests/standin/fake_cuda.h tests/standin/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
 
 bench-standin: $(LIB) $(BUILD)/tools/standin_rl
 	@for run in 1 2 3; do \

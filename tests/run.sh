@@ -8,13 +8,13 @@
 #   - the Criterion programs BUILD/tests/test_{unit,e2e,process,ghost}, two jobs at
 #     a time (the machine has two cores); their "Synthesis:" lines are summed,
 #     and the tests they list but did not run are the skipped ones;
-#   - tests/check_exports.sh on BUILD/libipccache.so, counted as one check;
-#   - every other tests/test_*.sh (tools, config tool, docs, examples,
-#     install, wheel, peer-suite runner; not test_aarch64.sh), each ending with a "WORD: N
+#   - tests/tools/check_exports.sh on BUILD/libipccache.so, counted as one check;
+#   - every other tests/*/test_*.sh and tests/test_*.sh (tools, config tool, docs, examples,
+#     install, wheel, peer-suite runner, layers; not test_aarch64.sh), each ending with a "WORD: N
 #     passed, M failed[, K skipped]" line that is added in;
 #   - no line of the library's ("ipccache: ...") in all that output, one
 #     check: a test that expects a message captures it.
-#   - a batch of the differential fuzzer (tests/fuzz.sh), counted as one
+#   - a batch of the differential fuzzer (tests/fuzz/fuzz.sh), counted as one
 #     check: IPCC_FUZZ_SEEDS seeds (default 200; 0 skips it) from
 #     IPCC_FUZZ_FIRST (default 1).
 
@@ -102,13 +102,13 @@ count_criterion_skips() {
 
 # One check, pass or fail.
 run_check_exports() {
-    local lib=$build/libipccache.so map=$root/shim/ipccache.map
+    local lib=$build/libipccache.so map=$root/shim/entry/ipccache.map
     echo "== check_exports"
     if [[ ! -f $lib || ! -f $map ]]; then
         echo "run.sh: $lib or $map missing; export check skipped"
         return
     fi
-    if bash "$root/tests/check_exports.sh" "$lib" "$map"; then
+    if bash "$root/tests/tools/check_exports.sh" "$lib" "$map"; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))
@@ -121,7 +121,7 @@ run_check_exports() {
 # "ok" lines go to the log only ($build/test.log keeps the whole run).
 run_script() {
     local script=$1 line
-    echo "== tests/$(basename "$script")"
+    echo "== ${script#"$root"/}"
     bash "$script" >"$log" 2>&1
     local rc=$?
     awk '!/^ok - / || / # SKIP /' "$log"
@@ -138,9 +138,9 @@ run_script() {
 run_fuzz() {
     local seeds=${IPCC_FUZZ_SEEDS:-200} first=${IPCC_FUZZ_FIRST:-1}
     [[ $seeds == 0 ]] && return
-    echo "== tests/fuzz.sh ($seeds seeds from $first)"
+    echo "== tests/fuzz/fuzz.sh ($seeds seeds from $first)"
     if FUZZ_MAX_MINIMIZE=${FUZZ_MAX_MINIMIZE:-3} \
-        bash "$root/tests/fuzz.sh" "$build" --seeds "$seeds" --first "$first"; then
+        bash "$root/tests/fuzz/fuzz.sh" "$build" --seeds "$seeds" --first "$first"; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1))
@@ -152,7 +152,7 @@ for t in test_unit test_e2e test_process test_ghost; do
     run_criterion "$t"
 done
 run_check_exports
-for script in "$root"/tests/test_*.sh; do
+for script in "$root"/tests/*/test_*.sh "$root"/tests/test_*.sh; do
     [[ $script == */test_aarch64.sh ]] || run_script "$script"
 done
 run_fuzz

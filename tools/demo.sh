@@ -25,7 +25,7 @@ real_demo() {
     mkdir -p "$BUILD/bench"
     if [ ! -x "$bin" ]; then
         echo "demo: building $bin"
-        "$CUDA_HOME/bin/nvcc" -O2 -std=c++17 -cudart shared -o "$bin" tools/ipcbench.cu \
+        "$CUDA_HOME/bin/nvcc" -O2 -std=c++17 -cudart shared -o "$bin" tools/bench/ipcbench.cu \
             -L"$CUDA_HOME/lib64/stubs" -lcuda -lpthread || exit 1
     fi
     local stats rows
@@ -52,7 +52,7 @@ real_demo() {
 simulated_demo() {
     local probe=$BUILD/tests/probe stats without with line
     stats=$(mktemp)
-    echo "demo: SIMULATED - no GPU here; the stand-in driver (tests/fake_cuda.c) counts real maps"
+    echo "demo: SIMULATED - no GPU here; the stand-in driver (tests/standin/fake_cuda.c) counts real maps"
     echo "demo: one process opens and closes the same IPC handle $N times"
     echo "  without ipccache:"
     without=$(LD_LIBRARY_PATH=$BUILD/tests "$probe" openclose "$N" | grep -E '^(maps|unmaps|open_calls)=')

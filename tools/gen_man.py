@@ -2,7 +2,7 @@
 """gen_man.py [--check] - writes the generated parts of tools/ipccache.7 from
 their one source each, so that the man page never holds a second copy:
 
-  settings    build/ipccache-config --list (shim/config.c's table)
+  settings    build/ipccache-config --list (shim/base/config.c's table)
   stats keys  the README's "| Key | Meaning |" table
   limits      the README's "Will it fit my program" list
 

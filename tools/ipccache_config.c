@@ -1,6 +1,6 @@
 /*
  * ipccache_config.c - ipccache-config: the library's own settings parser
- * (shim/config.c) as a command, so that the tools and the README use the
+ * (shim/base/config.c) as a command, so that the tools and the README use the
  * same names, defaults and grammar as the library instead of a copy.
  *
  *   ipccache-config --check              check the IPCCACHE_* environment
@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base.h"
 
 #define EX_USAGE_STATUS 2
 

@@ -277,12 +277,12 @@ torch_suite() {
 }
 
 # Issue 17's one-tensor-at-a-time weight sync under expandable segments
-# (tools/bench_torch_vmm.py --shapes one --quick: 26 tensors, 11 steps, A/B/A):
+# (tools/bench/bench_torch_vmm.py --shapes one --quick: 26 tensors, 11 steps, A/B/A):
 # the engine's values right in every phase, and with the cache at least 80%
 # of its maps hits (the first step is all real, later ones should be all hits).
 torch_shapes_suite() {
     local out=$OUT_DIR/torch_shapes.json log=$OUT_DIR/torch_shapes.txt rc=0
-    timeout "$RUN_TIMEOUT" env -u LD_PRELOAD python3 "$HERE/../../tools/bench_torch_vmm.py" --alloc expandable \
+    timeout "$RUN_TIMEOUT" env -u LD_PRELOAD python3 "$HERE/../../tools/bench/bench_torch_vmm.py" --alloc expandable \
         --shim "$LIB" --shapes one --quick --stats-dir "$OUT_DIR/torch_shapes_stats" \
         --out "$out" >"$log" 2>&1 || rc=$?
     sed 's/^/    /' "$log" | grep 'shape=' || true

@@ -7,7 +7,7 @@
 //
 //   case=<name> rc=<CUDA_ERROR_NAME> [detail=...]
 //
-// The stand-in driver (tests/fake_vmm.c) models these answers, and the table
+// The stand-in driver (tests/standin/fake_vmm.c) models these answers, and the table
 // in docs/vmm.md comes from this program's output. Cases that pass
 // garbage or stale handles come last, in case the driver does not survive
 // them; every line is flushed as it is printed.

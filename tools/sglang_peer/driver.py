@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SGLang's own CUDA IPC multimodal transport, driven feature by feature.
 
-Unlike tools/bench_sglang_pattern.py (a re-creation with PyTorch alone), this
+Unlike tools/bench/bench_sglang_pattern.py (a re-creation with PyTorch alone), this
 runs SGLang's classes from sglang.srt.multimodal.transport.cuda_ipc: a spawned
 producer owns SGLang's MmItemMemoryPool and wraps each feature with
 pool.wrap_tensor (a CudaIpcTensorTransportProxy); a spawned consumer calls
@@ -13,7 +13,7 @@ Each configuration is one fresh producer/consumer pair:
                          PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
   off | on               SGLang's own pool-handle cache (use_pool_handle_cache)
 The library is not chosen here: run the whole driver without and with
-LD_PRELOAD (tools/peer_suites.sh, tools/bench.sh do). When IPCCACHE_STATS_FILE
+LD_PRELOAD (tools/peer_suites.sh, tools/bench/bench.sh do). When IPCCACHE_STATS_FILE
 holds %p and the consumer ran with the library, its stats line at exit gives
 the consumer's legacy opens and VMM imports, and how many of them were hits.
 

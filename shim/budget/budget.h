@@ -1,0 +1,36 @@
+/*
+ * budget.h - the one idle budget across both kinds: both tables, created
+ * and reset together, their gauges and LRU order (tables.c), and its
+ * enforcement a batch at a time (idle_budget.c).
+ */
+#ifndef IPCC_BUDGET_H
+#define IPCC_BUDGET_H
+
+#include "legacy.h"
+#include "vmm.h"
+
+/* ---- tables.c: the layer below both kinds; the one idle budget ----------- */
+
+IPCC_HIDDEN int ipcc_tables_start(void);
+IPCC_HIDDEN struct ipcc_vmm_table *ipcc_tables_vmm_start(void);
+IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);          /* legacy; NULL before start */
+IPCC_HIDDEN struct ipcc_vmm_table *ipcc_vmm_table(void);  /* NULL until an import */
+IPCC_HIDDEN void ipcc_tables_fork_child(void);
+
+/* What an eviction keeps to: the caps, or nothing at all (all). */
+struct ipcc_budget {
+    uint64_t max_bytes, max_entries;
+    int all;
+};
+IPCC_HIDDEN int ipcc_tables_over_budget(uint64_t max_bytes, uint64_t max_entries);
+IPCC_HIDDEN size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipcc_victim *out,
+                                         size_t cap, size_t *nout, struct ipcc_vmm_ops *ops);
+
+/* ---- idle_budget.c: the one budget, enforced for both kinds -------------------- */
+
+IPCC_HIDDEN void ipcc_evict_over_caps(void);
+IPCC_HIDDEN void ipcc_give_way_all(void);
+IPCC_HIDDEN void ipcc_release_all_idle(void);
+IPCC_HIDDEN size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id);
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * idle_budget.c - the one idle budget, enforced for both kinds of mapping: past
+ * IPCCACHE_MAX_IDLE_BYTES or IPCCACHE_MAX_IDLE_ENTRIES (legacy idle mappings
+ * and idle VMM imports counted together) the least recently used idle thing
+ * of either kind goes; everything idle goes when the driver runs out of
+ * memory and at exit.
+ *
+ * An idle mapping pins the exporter's memory (the docs call freeing exported
+ * memory while it is mapped undefined; in practice it stays allocated), so
+ * the caps bound what we keep.
+ *
+ * Knows only the tables layer (tables.c): it takes a batch under the lock,
+ * drops the lock, then each kind really closes its own victims in its own
+ * way: legacy mappings in their own context (legacy_close.c), VMM orders
+ * with none needed (vmm_close.c). No lock is held across a driver call.
+ */
+#include "budget.h"
+
+#define BATCH 32
+
+/* What one batch takes under the lock: legacy victims into out[] (*nout),
+ * VMM orders into ops; returns how many things it took. */
+typedef size_t (*take_fn)(const void *arg, struct ipcc_victim *out, size_t cap, size_t *nout,
+                          struct ipcc_vmm_ops *ops);
+
+/* Takes and closes a batch at a time until a batch comes back short.
+ * Returns how many things were taken. */
+static size_t close_in_batches(take_fn take, const void *arg, int evicted)
+{
+    struct ipcc_victim victims[BATCH];
+    size_t n, nlegacy, total = 0;
+    do {
+        struct ipcc_vmm_ops ops = { 0 };
+        ipcc_lock();
+        n = take(arg, victims, BATCH, &nlegacy, &ops);
+        ipcc_closing_add(victims, nlegacy);
+        ipcc_vmm_unmaps_taken(&ops);
+        ipcc_unlock();
+        ipcc_close_listed_victims(victims, nlegacy, evicted);
+        ipcc_vmm_run_ops(&ops, evicted);
+        total += n;
+    } while (n == BATCH);
+    return total;
+}
+
+static size_t take_idle(const void *arg, struct ipcc_victim *out, size_t cap, size_t *nout,
+                        struct ipcc_vmm_ops *ops)
+{
+    return ipcc_tables_take_idle(arg, out, cap, nout, ops);
+}
+
+/* Called by either kind after a call that left something idle; the common
+ * case, under both caps, costs a few atomic loads and no lock. */
+void ipcc_evict_over_caps(void)
+{
+    const struct ipcc_budget b = { ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, 0 };
+    if (ipcc_tables_over_budget(b.max_bytes, b.max_entries))
+        close_in_batches(take_idle, &b, 1);
+}
+
+/* The driver is out of memory or handles: everything idle, of both kinds,
+ * gives way (counted as evictions). */
+void ipcc_give_way_all(void)
+{
+    const struct ipcc_budget all = { 0, 0, 1 };
+    close_in_batches(take_idle, &all, 1);
+}
+
+/* At exit, after the stats line: the application is done with idle things;
+ * give the exporters their memory back while the driver is still up. */
+void ipcc_release_all_idle(void)
+{
+    const struct ipcc_budget all = { 0, 0, 1 };
+    close_in_batches(take_idle, &all, 0);
+}
+
+static size_t take_other_contexts(const void *arg, struct ipcc_victim *out, size_t cap,
+                                  size_t *nout, struct ipcc_vmm_ops *ops)
+{
+    (void)ops; /* VMM imports belong to no context */
+    *nout = ipcc_cache_evict_other_contexts(ipcc_table(), *(const uint64_t *)arg, out, cap);
+    return *nout;
+}
+
+/* The driver lets one exporter's handles be open in only one context per
+ * device; an idle legacy mapping we keep in another context would make an
+ * open fail that succeeds without us. Closes every idle legacy mapping
+ * outside keep_ctx_id; returns how many. */
+size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id)
+{
+    return close_in_batches(take_other_contexts, &keep_ctx_id, 1);
+}

@@ -1,0 +1,149 @@
+/*
+ * tables.c - the layer below both kinds of mapping: it owns the legacy IPC
+ * table (legacy_table.c) and the VMM table (vmm_imports.c, vmm_ranges.c). It
+ * creates them, forgets them in a fork child, totals their gauges for the
+ * stats, and keeps the one idle budget: IPCCACHE_MAX_IDLE_BYTES and
+ * IPCCACHE_MAX_IDLE_ENTRIES count idle legacy mappings and idle VMM imports
+ * together, and the least recently used idle thing of either kind goes
+ * first.
+ *
+ * The kinds on top (legacy_calls.c, vmm_calls.c) find their table here;
+ * idle_budget.c and the stats (through entry/wiring.c) know only this
+ * file. No driver call: what an eviction must really close comes back as
+ * legacy victims and VMM orders, which the caller runs after dropping the
+ * lock, each kind in its own way.
+ */
+#include <pthread.h>
+#include <unistd.h>
+
+#include "budget.h"
+
+static struct ipcc_cache *_Atomic legacy;
+static struct ipcc_vmm_table *_Atomic vmm;
+static pthread_once_t vmm_once = PTHREAD_ONCE_INIT;
+
+/* ---- creation ------------------------------------------------------------ */
+
+/* At the first intercepted call (lifecycle.c): -1 when out of memory. */
+int ipcc_tables_start(void)
+{
+    struct ipcc_cache *c = ipcc_cache_create();
+    atomic_store(&legacy, c);
+    return c ? 0 : -1;
+}
+
+static void create_vmm(void)
+{
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(ipcc_vmm_kcmp, ipcc_vmm_same_file);
+    if (!t)
+        ipcc_log(IPCC_LOG_WARN, "out of memory; VMM imports are not cached");
+    atomic_store(&vmm, t);
+}
+
+/* At the first import (vmm_calls.c): a process that never imports has no VMM
+ * table. NULL when out of memory. */
+struct ipcc_vmm_table *ipcc_tables_vmm_start(void)
+{
+    pthread_once(&vmm_once, create_vmm);
+    return atomic_load(&vmm);
+}
+
+struct ipcc_cache *ipcc_table(void)
+{
+    return atomic_load_explicit(&legacy, memory_order_acquire);
+}
+
+struct ipcc_vmm_table *ipcc_vmm_table(void)
+{
+    return atomic_load_explicit(&vmm, memory_order_acquire);
+}
+
+static void close_fd(int fd)
+{
+    close(fd);
+}
+
+/* Fork child, lock held: the mappings belong to the parent's driver state.
+ * Forgets them all with no CUDA call; closes the kept dups (ours). The
+ * tables themselves stay, so the signal handler never reads freed memory. */
+void ipcc_tables_fork_child(void)
+{
+    struct ipcc_cache *c = ipcc_table();
+    if (c)
+        ipcc_cache_clear(c);
+    ipcc_vmm_table_clear(ipcc_vmm_table(), close_fd);
+}
+
+/* ---- gauges: read by the signal handler, so atomic loads only ----------- */
+
+static uint64_t load(const _Atomic uint64_t *v)
+{
+    return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+/* Both kinds' totals; zeros before the tables exist. Async-signal-safe. */
+void ipcc_tables_gauges(struct ipcc_tables_gauges *out)
+{
+    struct ipcc_cache *c = ipcc_table();
+    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    const struct ipcc_cache_gauges *g = c ? ipcc_cache_gauges(c) : NULL;
+    const struct ipcc_vmm_gauges *v = t ? ipcc_vmm_table_gauges(t) : NULL;
+    out->live = g ? load(&g->live) : 0;
+    out->vmm_idle = v ? load(&v->idle_entries) : 0;
+    out->vmm_idle_bytes = v ? load(&v->idle_bytes) : 0;
+    out->idle = (g ? load(&g->idle) : 0) + out->vmm_idle;
+    out->idle_bytes = (g ? load(&g->idle_bytes) : 0) + out->vmm_idle_bytes;
+}
+
+/* The legacy table's mirrored entries; NULL before start. */
+const struct ipcc_top_slot *ipcc_tables_top(void)
+{
+    struct ipcc_cache *c = ipcc_table();
+    return c ? ipcc_cache_top(c) : NULL;
+}
+
+/* ---- the one budget ------------------------------------------------------ */
+
+/* Whether idle things of both kinds together exceed either cap. Gauges
+ * only: also a cheap check without the lock. */
+int ipcc_tables_over_budget(uint64_t max_bytes, uint64_t max_entries)
+{
+    struct ipcc_tables_gauges g;
+    ipcc_tables_gauges(&g);
+    return g.idle_bytes > max_bytes || g.idle > max_entries;
+}
+
+/* Takes the least recently used idle thing of either kind: a legacy
+ * mapping into out[*nout], or a VMM teardown into ops. 0 when nothing is. */
+static int take_oldest(struct ipcc_victim *out, size_t *nout, struct ipcc_vmm_ops *ops)
+{
+    struct ipcc_cache *c = ipcc_table();
+    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    uint64_t legacy_ns = 0, vmm_ns = 0;
+    int has_legacy = c && ipcc_cache_oldest_idle(c, &legacy_ns);
+    int has_vmm = t && ipcc_vmm_oldest_idle(t, &vmm_ns);
+    if (has_legacy && (!has_vmm || legacy_ns <= vmm_ns)) {
+        /* Caps of 0: the one entry idle the longest. */
+        *nout += ipcc_cache_evict(c, 0, 0, &out[*nout], 1);
+        return 1;
+    }
+    return has_vmm && ipcc_vmm_evict_one(t, ops);
+}
+
+/*
+ * Under the caller's lock: takes idle things, least recently used first
+ * across both kinds, while over the budget (b->all: while anything is idle),
+ * at most cap of them. Legacy victims go to out[] (*nout of them), VMM
+ * teardowns to ops. Returns how many things were taken: cap means the
+ * caller should come back for more once it has closed these.
+ */
+size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipcc_victim *out, size_t cap,
+                             size_t *nout, struct ipcc_vmm_ops *ops)
+{
+    size_t taken = 0;
+    *nout = 0;
+    while (taken < cap && (b->all || ipcc_tables_over_budget(b->max_bytes, b->max_entries)) &&
+           take_oldest(out, nout, ops))
+        taken++;
+    return taken;
+}

@@ -1,0 +1,263 @@
+/*
+ * hooks.c - the exported driver entry points, and the one table that lists
+ * them. Each wrapper is thin: it forwards to legacy_calls.c (IPC), to the real
+ * resolver (cuGetProcAddress), or to the real teardown call followed by
+ * dropping the dead context's entries.
+ *
+ * cuda.h renames several functions to their _v2 spelling; we #undef the
+ * renames so both spellings can be defined, each forwarding to the ABI it
+ * names (v1 and v2 of these calls share signatures, except the resolver).
+ */
+#include <cuda.h>
+
+#include "entry.h"
+
+#undef cuIpcOpenMemHandle
+#undef cuGetProcAddress
+#undef cuCtxDestroy
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
+#undef cuMemFree
+
+typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+typedef CUresult (*proc_v1_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*proc_v2_fn)(const char *, void **, int, cuuint64_t,
+                               CUdriverProcAddressQueryResult *);
+typedef CUresult (*ctx_fn)(CUcontext);
+typedef CUresult (*device_fn)(CUdevice);
+
+/* cuda.h declares only the _v2 spelling of these (the 5-argument resolver
+ * under either name); the v1 symbols still exist in every driver. */
+IPCC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                      cuuint64_t flags);
+IPCC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                        unsigned int flags);
+IPCC_EXPORT CUresult cuCtxDestroy(CUcontext ctx);
+IPCC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+IPCC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+IPCC_EXPORT CUresult cuMemFree(unsigned int dptr); /* the 32-bit CUdeviceptr_v1 ABI */
+
+/* Without a driver there is nothing to forward to. */
+#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
+
+/* ---- IPC memory --------------------------------------------------------- */
+
+IPCC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                        unsigned int flags)
+{
+    return (CUresult)ipcc_open(IPCC_SLOT_OPEN_V1, (uint64_t *)pdptr, &handle, flags);
+}
+
+IPCC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                           unsigned int flags)
+{
+    return (CUresult)ipcc_open(IPCC_SLOT_OPEN_V2, (uint64_t *)pdptr, &handle, flags);
+}
+
+IPCC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    CUresult rc = (CUresult)ipcc_close((uint64_t)dptr);
+    ipcc_ghost_after_close();
+    return rc;
+}
+
+/* ---- exported memory: its free waits for importers' idle mappings ------- */
+
+IPCC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+    return (CUresult)ipcc_exporter_get_handle(handle, (uint64_t)dptr);
+}
+
+IPCC_EXPORT CUresult cuMemFree(unsigned int dptr)
+{
+    return (CUresult)ipcc_exporter_free(IPCC_SLOT_MEM_FREE_V1, dptr);
+}
+
+IPCC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    return (CUresult)ipcc_exporter_free(IPCC_SLOT_MEM_FREE_V2, (uint64_t)dptr);
+}
+
+/* ---- the resolver ------------------------------------------------------- */
+
+/* Substitutes only on a clean success: a failure, a not-found or too-new
+ * status, or a NULL pointer goes back to the caller untouched. The caller's
+ * address tells resolve.c whether an interposer below us is asking. */
+static void substitute(const char *symbol, void **pfn, int version,
+                       const CUdriverProcAddressQueryResult *status, const void *caller)
+{
+    if (pfn && *pfn && (!status || *status == CU_GET_PROC_ADDRESS_SUCCESS))
+        *pfn = ipcc_resolve_substitute(symbol, version, *pfn, caller);
+}
+
+IPCC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                      cuuint64_t flags)
+{
+    proc_v1_fn real = (proc_v1_fn)ipcc_real(IPCC_SLOT_PROC_V1);
+    if (!real)
+        return NO_DRIVER;
+    CUresult rc = real(symbol, pfn, version, flags);
+    if (rc == CUDA_SUCCESS)
+        substitute(symbol, pfn, version, NULL, __builtin_return_address(0));
+    return rc;
+}
+
+IPCC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                         cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *status)
+{
+    proc_v2_fn real = (proc_v2_fn)ipcc_real(IPCC_SLOT_PROC_V2);
+    if (!real)
+        return NO_DRIVER;
+    CUresult rc = real(symbol, pfn, version, flags, status);
+    if (rc == CUDA_SUCCESS)
+        substitute(symbol, pfn, version, status, __builtin_return_address(0));
+    return rc;
+}
+
+/* ---- context teardown: the driver unmaps everything the context held ---- */
+
+static CUresult destroy_context(int slot, CUcontext ctx)
+{
+    ctx_fn real = (ctx_fn)ipcc_real(slot);
+    if (!real)
+        return NO_DRIVER;
+    uint64_t id = 0;
+    /* Only a process that cached something needs to look. */
+    int known = ctx && ipcc_table() && ipcc_context_id(ctx, &id) == 0;
+    CUresult rc = real(ctx);
+    ipcc_contexts_changing();
+    if (rc == CUDA_SUCCESS && known)
+        ipcc_forget_context(id);
+    return rc;
+}
+
+IPCC_EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    return destroy_context(IPCC_SLOT_CTX_DESTROY_V1, ctx);
+}
+
+IPCC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    return destroy_context(IPCC_SLOT_CTX_DESTROY_V2, ctx);
+}
+
+/* A primary context dies on reset, and on the release that drops its last
+ * reference; which one happened is the driver's business, so check them. */
+static CUresult primary_teardown(int slot, CUdevice dev)
+{
+    device_fn real = (device_fn)ipcc_real(slot);
+    if (!real)
+        return NO_DRIVER;
+    CUresult rc = real(dev);
+    ipcc_contexts_changing();
+    if (rc == CUDA_SUCCESS && ipcc_table())
+        ipcc_sweep_dead_contexts();
+    return rc;
+}
+
+IPCC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return primary_teardown(IPCC_SLOT_PRIMARY_RELEASE_V1, dev);
+}
+
+IPCC_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    return primary_teardown(IPCC_SLOT_PRIMARY_RELEASE_V2, dev);
+}
+
+IPCC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return primary_teardown(IPCC_SLOT_PRIMARY_RESET_V1, dev);
+}
+
+IPCC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    return primary_teardown(IPCC_SLOT_PRIMARY_RESET_V2, dev);
+}
+
+/* ---- VMM sharing (PyTorch expandable segments): vmm_calls.c ------------- */
+
+IPCC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                    void *os_handle,
+                                                    CUmemAllocationHandleType type)
+{
+    return (CUresult)ipcc_vmm_import_call((uint64_t *)handle, os_handle, (int)type);
+}
+
+IPCC_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle,
+                                                  CUmemAllocationHandleType type,
+                                                  unsigned long long flags)
+{
+    return (CUresult)ipcc_vmm_export_call(out, handle, (int)type, flags);
+}
+
+IPCC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    return (CUresult)ipcc_vmm_release_call(handle);
+}
+
+IPCC_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,
+                                         CUdeviceptr addr, unsigned long long flags)
+{
+    return (CUresult)ipcc_vmm_reserve_call((uint64_t *)ptr, size, align, addr, flags);
+}
+
+IPCC_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    return (CUresult)ipcc_vmm_free_call(ptr, size);
+}
+
+IPCC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    return (CUresult)ipcc_vmm_map_call(ptr, size, offset, handle, flags);
+}
+
+IPCC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    return (CUresult)ipcc_vmm_unmap_call(ptr, size);
+}
+
+IPCC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                    size_t count)
+{
+    return (CUresult)ipcc_vmm_set_access_call(ptr, size, desc, count);
+}
+
+IPCC_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
+                                    CUdeviceptr ptr)
+{
+    return (CUresult)ipcc_vmm_get_access_call(flags, location, ptr);
+}
+
+/* ---- the table ---------------------------------------------------------- */
+
+#define HOOK(slot, sym, proc, ver) \
+    [slot] = { .symbol = #sym, .proc_name = proc, .since = ver, .wrapper = (void *)sym }
+
+struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT] = {
+    HOOK(IPCC_SLOT_OPEN_V1, cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 4010),
+    HOOK(IPCC_SLOT_OPEN_V2, cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000),
+    HOOK(IPCC_SLOT_CLOSE, cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010),
+    HOOK(IPCC_SLOT_PROC_V1, cuGetProcAddress, "cuGetProcAddress", 11030),
+    HOOK(IPCC_SLOT_PROC_V2, cuGetProcAddress_v2, "cuGetProcAddress", 12000),
+    HOOK(IPCC_SLOT_CTX_DESTROY_V1, cuCtxDestroy, "cuCtxDestroy", 2000),
+    HOOK(IPCC_SLOT_CTX_DESTROY_V2, cuCtxDestroy_v2, "cuCtxDestroy", 4000),
+    HOOK(IPCC_SLOT_PRIMARY_RELEASE_V1, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000),
+    HOOK(IPCC_SLOT_PRIMARY_RELEASE_V2, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000),
+    HOOK(IPCC_SLOT_PRIMARY_RESET_V1, cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000),
+    HOOK(IPCC_SLOT_PRIMARY_RESET_V2, cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000),
+    HOOK(IPCC_SLOT_VMM_IMPORT, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020),
+    HOOK(IPCC_SLOT_VMM_RESERVE, cuMemAddressReserve, "cuMemAddressReserve", 10020),
+    HOOK(IPCC_SLOT_VMM_FREE, cuMemAddressFree, "cuMemAddressFree", 10020),
+    HOOK(IPCC_SLOT_VMM_MAP, cuMemMap, "cuMemMap", 10020),
+    HOOK(IPCC_SLOT_VMM_UNMAP, cuMemUnmap, "cuMemUnmap", 10020),
+    HOOK(IPCC_SLOT_VMM_SET_ACCESS, cuMemSetAccess, "cuMemSetAccess", 10020),
+    HOOK(IPCC_SLOT_VMM_GET_ACCESS, cuMemGetAccess, "cuMemGetAccess", 10020),
+    HOOK(IPCC_SLOT_VMM_RELEASE, cuMemRelease, "cuMemRelease", 10020),
+    HOOK(IPCC_SLOT_IPC_GET, cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010),
+    HOOK(IPCC_SLOT_MEM_FREE_V1, cuMemFree, "cuMemFree", 2000),
+    HOOK(IPCC_SLOT_MEM_FREE_V2, cuMemFree_v2, "cuMemFree", 3020),
+    HOOK(IPCC_SLOT_VMM_EXPORT, cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020),
+};

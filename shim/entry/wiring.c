@@ -1,0 +1,47 @@
+/*
+ * wiring.c - the one place that knows every layer: at load it registers
+ * each upper layer's functions with the lower layers that must reach them,
+ * so that every call between the library's files goes down (README "Files",
+ * docs/design.md; tests/tools/check_layers.py checks it).
+ *
+ * Only pointers are stored here: a process that never touches CUDA IPC
+ * notices nothing.
+ */
+#include "entry.h"
+
+/* What a fork child forgets, in this order; no CUDA call among them. */
+static const struct ipcc_life_hooks life = {
+    .start = ipcc_tables_start,
+    .release_idle = ipcc_release_all_idle,
+    .fork_child = {
+        ipcc_tables_fork_child,
+        ipcc_closing_reset,
+        ipcc_ghost_fork_child,
+        ipcc_vmm_fork_child,
+        ipcc_vmm_identity_fork_child,
+        ipcc_contexts_changing,
+    },
+};
+
+/* Both kinds' bytes still mapped after their exporter freed them. */
+static uint64_t ghost_bytes(void)
+{
+    return ipcc_ghost_bytes() + ipcc_vmm_ghost_bytes();
+}
+
+static const struct ipcc_stats_sources stats = {
+    .gauges = ipcc_tables_gauges,
+    .top = ipcc_tables_top,
+    .ghost_bytes = ghost_bytes,
+};
+
+/* First among the library's constructors: the hook table must be known
+ * before anything can look a name up or fork. */
+__attribute__((constructor(101))) static void wire_layers(void)
+{
+    ipcc_hooks_register(ipcc_hooks);
+    ipcc_life_register(&life);
+    ipcc_stats_register(&stats);
+    ipcc_ledger_helper_register(ipcc_vmm_ghost_let_go); /* first, as before */
+    ipcc_ledger_helper_register(ipcc_ghost_let_go);
+}

@@ -1,0 +1,432 @@
+/*
+ * ledger.c - the release ledger's file, the processes it names, the table of
+ * exported allocations and the importers' slots. Requests live in
+ * ledger_request.c; the layout in ledger.h.
+ *
+ * One file per user, "release-ledger-v2" in the per-user directory (0700, so
+ * another user can neither read nor write it), opened without following links
+ * and refused unless it is a regular file of ours, mode 0600, of the expected
+ * size. Without it (no directory, refused, out of memory) nothing breaks:
+ * exporters free at once, as without the library, and importers' caps still
+ * bound what idle mappings pin.
+ *
+ * No lock: every slot is claimed with a compare-and-swap on its pid word.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ledger.h"
+
+static struct ipcc_ledger_file *ledger;
+static pthread_once_t open_once = PTHREAD_ONCE_INIT;
+
+struct ipcc_ledger_file *ipcc_ledger_file(void)
+{
+    return ledger;
+}
+
+/* ---- futexes in the shared mapping ---------------------------------------- */
+
+void ipcc_futex_wake(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Sleeps while *word == seen, at most ns; spurious returns are fine. */
+void ipcc_futex_wait(_Atomic uint32_t *word, uint32_t seen, uint64_t ns)
+{
+    struct timespec ts = { (time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL) };
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+
+/* ---- the file --------------------------------------------------------------- */
+
+static int open_file(int dir)
+{
+    int flags = O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+    int fd = openat(dir, IPCC_LEDGER_NAME, flags | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0 && fchmod(fd, 0600) != 0) { /* ours, new: against a strict umask */
+        close(fd);
+        return -1;
+    }
+    if (fd < 0 && errno == EEXIST)
+        fd = openat(dir, IPCC_LEDGER_NAME, flags);
+    return fd;
+}
+
+/* A regular file of ours, 0600, of our size or still empty (its creator is
+ * about to size it). */
+static const char *check_file(int fd)
+{
+    struct stat st;
+    if (ipcc_fstat(fd, &st) != 0)
+        return "cannot stat it";
+    if (!S_ISREG(st.st_mode))
+        return "not a regular file";
+    if (st.st_uid != geteuid())
+        return "owned by another user";
+    if ((st.st_mode & 07777) != 0600)
+        return "mode is not 0600";
+    if (st.st_size != 0 && (uint64_t)st.st_size != sizeof(struct ipcc_ledger_file))
+        return "wrong size (another version?)";
+    return NULL;
+}
+
+/* Sizes the file with its blocks allocated for real: a sparse file on a
+ * full file system would fault (SIGBUS) at the first store to a page.
+ * Every opener does it (a no-op once done), so a file sized by a process
+ * that found room is never trusted blindly by one that maps it later. */
+static int reserve_blocks(int fd)
+{
+    return posix_fallocate(fd, 0, (off_t)sizeof(struct ipcc_ledger_file));
+}
+
+/* The first process to map the file stamps it; any other stamp is refused. */
+static const char *check_magic(struct ipcc_ledger_file *f)
+{
+    uint64_t zero = 0;
+    if (atomic_compare_exchange_strong(&f->magic, &zero, IPCC_LEDGER_MAGIC))
+        return NULL;
+    return zero == IPCC_LEDGER_MAGIC ? NULL : "unknown format";
+}
+
+static void say_no_ledger(int level, const char *why)
+{
+    ipcc_log(level, "release ledger %s not used (%s): frees of exported memory will not wait "
+                    "for importers", IPCC_LEDGER_NAME, why);
+}
+
+static void open_ledger(void)
+{
+    int dir = ipcc_userdir_open();
+    if (dir < 0) {
+        ipcc_log(IPCC_LOG_INFO, "no per-user directory: frees of exported memory will not "
+                                "wait for importers");
+        return;
+    }
+    int fd = open_file(dir);
+    close(dir);
+    const char *why = fd < 0 ? strerror(errno) : check_file(fd);
+    int no_room = why ? 0 : reserve_blocks(fd);
+    void *map = MAP_FAILED;
+    if (!why && !no_room) {
+        map = mmap(NULL, sizeof(struct ipcc_ledger_file), PROT_READ | PROT_WRITE, MAP_SHARED,
+                   fd, 0);
+        why = map == MAP_FAILED ? "cannot map it" : check_magic(map);
+    }
+    if (fd >= 0)
+        close(fd);
+    if (no_room) { /* a full disk is the operator's to fix, not a fault of ours */
+        say_no_ledger(IPCC_LOG_INFO, strerror(no_room));
+        return;
+    }
+    if (why) {
+        if (map != MAP_FAILED)
+            munmap(map, sizeof(struct ipcc_ledger_file));
+        ipcc_log(IPCC_LOG_WARN, "release ledger %s refused (%s): frees of exported memory "
+                                "will not wait for importers", IPCC_LEDGER_NAME, why);
+        return;
+    }
+    ledger = map;
+}
+
+/* Opens the ledger at the first use; 1 when it can be used. */
+int ipcc_ledger_ready(void)
+{
+    pthread_once(&open_once, open_ledger);
+    return ledger != NULL;
+}
+
+/* ---- exported allocations ------------------------------------------------- */
+
+static uint32_t handle_hash(const unsigned char *h)
+{
+    uint32_t x = 2166136261u;
+    for (int i = 0; i < IPCC_HANDLE_BYTES; i++)
+        x = (x ^ h[i]) * 16777619u;
+    return x;
+}
+
+/* The i-th entry of the probe sequence that starts at hash. */
+static struct ipcc_ledger_export *export_at(uint32_t hash, int i)
+{
+    return &ledger->exports[(hash + (uint32_t)i) % IPCC_LEDGER_EXPORTS];
+}
+
+/* Takes a free entry, or one whose owner died (without a /proc read: a
+ * recycled pid only costs an entry until that process ends too). */
+static int claim_export(struct ipcc_ledger_export *e, int32_t me)
+{
+    int32_t owner = atomic_load(&e->pid);
+    if (owner != 0 && (owner == me || ipcc_proc_alive(owner, 0)))
+        return 0;
+    if (!atomic_compare_exchange_strong(&e->pid, &owner, me))
+        return 0;
+    atomic_store(&e->ready, 0); /* a dead owner's entry may still say ready */
+    return 1;
+}
+
+/* Lists handle as exported by this process; 0, or -1 when the ledger is
+ * missing or the handle's probe sequence is full. */
+static int list_export(const void *handle)
+{
+    if (!ipcc_ledger_ready())
+        return -1;
+    struct ipcc_proc me = ipcc_proc_self();
+    uint32_t hash = handle_hash(handle);
+    struct ipcc_ledger_export *e;
+    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
+        e = export_at(hash, i);
+        if (atomic_load(&e->pid) == me.pid && atomic_load(&e->ready) &&
+            memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0)
+            return 0;
+    }
+    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
+        e = export_at(hash, i);
+        if (!claim_export(e, me.pid))
+            continue;
+        atomic_store(&e->start, me.start);
+        memcpy(e->handle, handle, IPCC_HANDLE_BYTES);
+        atomic_store_explicit(&e->ready, 1, memory_order_release);
+        return 0;
+    }
+    return -1;
+}
+
+/* Records that this process exported handle; 0, or -1 (as list_export). */
+int ipcc_ledger_publish(const void *handle)
+{
+    if (list_export(handle) == 0)
+        return 0;
+    if (ledger)
+        atomic_store(&ledger->unpublished, 1);
+    return -1;
+}
+
+/* The same for a VMM export's tag, which an importer finds only by a scan:
+ * one the table has no room for is simply not covered, and importers of
+ * legacy handles need not listen to every exporter for it. */
+int ipcc_ledger_publish_tag(const void *tag)
+{
+    return list_export(tag);
+}
+
+/* Whether some exporter's handle is missing from the table: then an importer
+ * cannot tell who exported what it maps, and must listen to every exporter. */
+int ipcc_ledger_unpublished(void)
+{
+    return ledger && atomic_load(&ledger->unpublished);
+}
+
+void ipcc_ledger_unpublish(const void *handle)
+{
+    if (!ledger)
+        return;
+    int32_t me = ipcc_proc_self().pid;
+    uint32_t hash = handle_hash(handle);
+    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
+        struct ipcc_ledger_export *e = export_at(hash, i);
+        int32_t owner = me;
+        if (atomic_load(&e->pid) == me && memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0) {
+            atomic_store(&e->ready, 0);
+            atomic_compare_exchange_strong(&e->pid, &owner, 0);
+        }
+    }
+}
+
+/* Who exported handle: 1 with *owner set, 0 if the ledger does not know. */
+int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
+{
+    if (!ipcc_ledger_ready())
+        return 0;
+    uint32_t hash = handle_hash(handle);
+    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
+        struct ipcc_ledger_export *e = export_at(hash, i);
+        int32_t pid = atomic_load(&e->pid);
+        if (!pid || !atomic_load_explicit(&e->ready, memory_order_acquire))
+            continue;
+        owner->pid = pid;
+        owner->zero_pad = 0;
+        owner->start = atomic_load(&e->start);
+        int same = memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0;
+        /* Re-read: the entry may have changed hands while we compared. */
+        if (same && atomic_load(&e->ready) && atomic_load(&e->pid) == pid)
+            return 1;
+    }
+    return 0;
+}
+
+/* Walks every listed export (the VMM path, whose importer knows no handle,
+ * only an fd to compare): the first one match() accepts is copied out.
+ * Entries of exporters killed before they could unlist would otherwise cost
+ * every later scan a system call each, until an export hashed there: match
+ * finds them gone and they are freed. Only the pid word is cleared, and only
+ * if it still names the dead owner: whoever claimed the entry meanwhile keeps
+ * it (a claim resets ready itself). */
+int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const void *handle,
+                                         void *arg),
+                            void *arg, void *handle, struct ipcc_proc *owner)
+{
+    if (!ipcc_ledger_ready())
+        return 0;
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++) {
+        struct ipcc_ledger_export *e = &ledger->exports[i];
+        int32_t pid = atomic_load(&e->pid);
+        if (!pid || !atomic_load_explicit(&e->ready, memory_order_acquire))
+            continue;
+        *owner = (struct ipcc_proc){ .pid = pid, .start = atomic_load(&e->start) };
+        memcpy(handle, e->handle, IPCC_HANDLE_BYTES);
+        /* The copy counts only if the entry did not change hands meanwhile. */
+        if (!atomic_load(&e->ready) || atomic_load(&e->pid) != pid)
+            continue;
+        int verdict = match(owner, handle, arg);
+        if (verdict > 0)
+            return 1;
+        if (verdict < 0)
+            atomic_compare_exchange_strong(&e->pid, &pid, 0);
+    }
+    return 0;
+}
+
+/* ---- importers ------------------------------------------------------------ */
+
+/* Whether the slot's helper thread has started and still runs. Only a
+ * live owner's slot is asked (its start time written last, after the
+ * helper word was cleared), so a tid read here is its own. */
+int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid)
+{
+    int32_t tid = atomic_load_explicit(&s->helper, memory_order_acquire);
+    return tid != 0 && (syscall(SYS_tgkill, pid, tid, 0) == 0 || errno != ESRCH);
+}
+
+/* The helper started and is gone: its process exec()ed. A tid of 0 is a
+ * helper still starting (its creator gives the slot back if it cannot). */
+static int helper_gone(struct ipcc_ledger_importer *s, int32_t pid)
+{
+    return atomic_load(&s->helper) != 0 && !ipcc_ledger_helper_runs(s, pid);
+}
+
+/* Free, or its owner died, or exec()ed (same pid and start time, but its
+ * helper thread died with the old image). Our own pid's slot is taken over
+ * by someone else, never by us: reclaiming it would write the same pid
+ * back, and a compare-and-swap could not tell our claim from theirs. */
+static int claim_importer(struct ipcc_ledger_importer *s, int32_t me)
+{
+    int32_t owner = atomic_load(&s->pid);
+    if (owner == me)
+        return 0;
+    if (owner != 0 && ipcc_proc_alive(owner, atomic_load(&s->start)) &&
+        !helper_gone(s, owner))
+        return 0;
+    return atomic_compare_exchange_strong(&s->pid, &owner, me);
+}
+
+/* Takes an importer slot for this process: its index, -1 without a ledger,
+ * -2 when 64 live importers hold every slot. */
+int ipcc_ledger_register(void)
+{
+    if (!ipcc_ledger_ready())
+        return -1;
+    struct ipcc_proc me = ipcc_proc_self();
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++) {
+        struct ipcc_ledger_importer *s = &ledger->importers[i];
+        if (!claim_importer(s, me.pid))
+            continue;
+        atomic_store(&s->start, 0);
+        atomic_store(&s->helper, 0);
+        atomic_store(&s->any, 0);
+        for (int w = 0; w < IPCC_LEDGER_WATCH; w++)
+            atomic_store(&s->watch[w], 0);
+        for (int r = 0; r < IPCC_LEDGER_REQUESTS; r++)
+            atomic_store(&s->acked[r], 0);
+        atomic_store_explicit(&s->start, me.start, memory_order_release);
+        return i;
+    }
+    return -2;
+}
+
+/* The helper word as a futex (any aligned 32-bit word is one). */
+static _Atomic uint32_t *helper_word(int slot)
+{
+    return (_Atomic uint32_t *)(void *)&ledger->importers[slot].helper;
+}
+
+/* Called on the helper thread itself: from now on the slot is asked, while
+ * that thread runs. */
+void ipcc_ledger_helper_started(int slot)
+{
+    atomic_store_explicit(&ledger->importers[slot].helper, (int32_t)syscall(SYS_gettid),
+                          memory_order_release);
+    ipcc_futex_wake(helper_word(slot));
+}
+
+/* Until the slot's helper has named itself, at most about ns (in slices:
+ * a wake-up may come early). */
+void ipcc_ledger_await_helper(int slot, uint64_t ns)
+{
+    enum { SLICES = 8 };
+    for (int i = 0; i < SLICES && atomic_load(&ledger->importers[slot].helper) == 0; i++)
+        ipcc_futex_wait(helper_word(slot), 0, ns / SLICES);
+}
+
+/* Gives the slot back, if it is still ours. Never blocks (exit path). The
+ * helper word is cleared first: a newcomer's slot must not look like one
+ * whose helper died. */
+void ipcc_ledger_unregister(int slot)
+{
+    if (!ledger || slot < 0)
+        return;
+    struct ipcc_ledger_importer *s = &ledger->importers[slot];
+    int32_t me = ipcc_proc_self().pid;
+    if (atomic_load(&s->pid) != me)
+        return;
+    atomic_store(&s->helper, 0);
+    atomic_compare_exchange_strong(&s->pid, &me, 0);
+}
+
+/* Asks exporter_pid's frees to wake this slot; 0 (or a full list) means
+ * "every exporter's". */
+void ipcc_ledger_watch(int slot, int32_t exporter_pid)
+{
+    struct ipcc_ledger_importer *s = &ledger->importers[slot];
+    for (int w = 0; exporter_pid && w < IPCC_LEDGER_WATCH; w++)
+        if (atomic_load(&s->watch[w]) == exporter_pid)
+            return;
+    for (int w = 0; exporter_pid && w < IPCC_LEDGER_WATCH; w++) {
+        int32_t empty = 0;
+        if (atomic_compare_exchange_strong(&s->watch[w], &empty, exporter_pid))
+            return;
+    }
+    atomic_store(&s->any, 1);
+}
+
+void ipcc_ledger_unwatch(int slot, int32_t exporter_pid)
+{
+    struct ipcc_ledger_importer *s = &ledger->importers[slot];
+    for (int w = 0; w < IPCC_LEDGER_WATCH; w++) {
+        int32_t pid = exporter_pid;
+        atomic_compare_exchange_strong(&s->watch[w], &pid, 0);
+    }
+}
+
+uint32_t ipcc_ledger_doorbell(int slot)
+{
+    return atomic_load_explicit(&ledger->importers[slot].doorbell, memory_order_acquire);
+}
+
+/* The helper's sleep: until an exporter rings, or ns pass. */
+void ipcc_ledger_sleep(int slot, uint32_t seen, uint64_t ns)
+{
+    ipcc_futex_wait(&ledger->importers[slot].doorbell, seen, ns);
+}

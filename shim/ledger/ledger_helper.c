@@ -1,0 +1,333 @@
+/*
+ * ledger_helper.c - the importer's side of the release ledger, for both
+ * kinds: which exporter each cached handle came from, and the helper thread.
+ * What to close is each kind's (legacy_importer.c, vmm_importer.c): they
+ * register it (ipcc_ledger_helper_register).
+ *
+ * At each cached miss the importer learns from the ledger who exported the
+ * handle, asks that exporter's frees to ring its doorbell, and looks for
+ * exporters that have exited. A helper thread, started with the first such
+ * mapping (so that a free while the program still uses it is answered at
+ * once, not after the wait bound), sleeps on the
+ * doorbell: for each request it closes the idle mappings of that handle, in
+ * every context, and answers. Mappings the program still uses are left alone
+ * (without the cache the memory stays allocated then too); they are closed
+ * for real at the program's last close of them ("doomed" below). Every second
+ * the helper also closes the idle mappings of exporters that have exited.
+ *
+ * The table lock is held only to take entries or update the lists here,
+ * never across a driver call.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "release_ledger.h"
+#include "life.h"
+
+static int seen_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(elt) (seen_oom = 1)
+#include <uthash.h>
+
+#define BATCH 32
+#define MAX_EXPORTERS 64
+#define MAX_SEEN 8192        /* handles whose exporter we remember */
+#define CHECK_EVERY_NS (1000ULL * 1000 * 1000)
+
+/* A handle we mapped, and the exporter it came from. Under the table lock. */
+struct seen {
+    unsigned char handle[IPCC_HANDLE_BYTES];
+    int exporter;
+    UT_hash_handle hh;
+};
+
+static struct seen *seen;
+static struct { struct ipcc_proc who; size_t handles; } exporters[MAX_EXPORTERS];
+/* -1: not registered; -2: registration failed (no ledger, no slot, no
+ * helper thread): then this process is as one without the ledger. */
+static _Atomic int slot = -1;
+/* Set by our exit handler, which runs before cudart tears the driver down:
+ * from then on the helper makes no driver call. */
+static _Atomic int exiting;
+
+/* Each kind's importer side (legacy_importer.c, vmm_importer.c), registered
+ * at load by entry/wiring.c: what to close when an exporter lets go. */
+#define MAX_KINDS 2
+static void (*let_go_of_kind[MAX_KINDS])(const void *handle);
+
+void ipcc_ledger_helper_register(void (*let_go)(const void *handle))
+{
+    for (int k = 0; k < MAX_KINDS; k++)
+        if (!let_go_of_kind[k]) {
+            let_go_of_kind[k] = let_go;
+            return;
+        }
+}
+
+/* Whether our exit began: from then on the helper makes no driver call,
+ * and a kind closing for it stops between two closes. */
+int ipcc_ledger_helper_exiting(void)
+{
+    return atomic_load(&exiting);
+}
+
+/* Lock held: forgets which exporter handle came from. */
+static void forget_seen(struct seen *s)
+{
+    if (--exporters[s->exporter].handles == 0)
+        exporters[s->exporter].who.pid = 0;
+    HASH_DEL(seen, s);
+    free(s);
+}
+
+/* The exporter freed (or took with it) the allocation behind handle: each
+ * kind closes its idle mappings of it (a VMM export's tag, a legacy handle). */
+static void let_go(const unsigned char *handle)
+{
+    if (atomic_load(&exiting))
+        return;
+    for (int k = 0; k < MAX_KINDS && let_go_of_kind[k]; k++)
+        let_go_of_kind[k](handle);
+    struct seen *s;
+    ipcc_lock();
+    HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
+    if (s)
+        forget_seen(s);
+    ipcc_unlock();
+}
+
+/* ---- exporters that exited ------------------------------------------- */
+
+/* Lock held: up to cap handles of exporter i, forgotten as they are taken. */
+static size_t take_handles_of(int i, unsigned char (*out)[IPCC_HANDLE_BYTES], size_t cap)
+{
+    struct seen *s, *tmp;
+    size_t n = 0;
+    HASH_ITER(hh, seen, s, tmp) {
+        if (n == cap)
+            break;
+        if (s->exporter != i)
+            continue;
+        memcpy(out[n++], s->handle, IPCC_HANDLE_BYTES);
+        forget_seen(s);
+    }
+    return n;
+}
+
+static void let_go_of_exporter(int i)
+{
+    unsigned char handles[BATCH][IPCC_HANDLE_BYTES];
+    size_t n;
+    do {
+        ipcc_lock();
+        n = take_handles_of(i, handles, BATCH);
+        ipcc_unlock();
+        for (size_t k = 0; k < n; k++)
+            let_go(handles[k]);
+    } while (n == BATCH);
+}
+
+/* Closes the idle mappings of every exporter that has exited. With quick,
+ * only a signal-0 probe (a miss's cost); else the start time as well. */
+static void release_dead_exporters(int quick)
+{
+    struct ipcc_proc who[MAX_EXPORTERS];
+    ipcc_lock();
+    for (int i = 0; i < MAX_EXPORTERS; i++)
+        who[i] = exporters[i].who;
+    ipcc_unlock();
+    for (int i = 0; i < MAX_EXPORTERS; i++) {
+        if (who[i].pid == 0 || ipcc_proc_alive(who[i].pid, quick ? 0 : who[i].start))
+            continue;
+        let_go_of_exporter(i);
+        if (atomic_load(&slot) >= 0)
+            ipcc_ledger_unwatch(atomic_load(&slot), who[i].pid);
+    }
+}
+
+/* ---- the helper thread ----------------------------------------------- */
+
+static void answer_requests(int me)
+{
+    struct ipcc_ledger_ask ask;
+    for (int r = 0; (r = ipcc_ledger_next_ask(me, r, &ask)) >= 0; r++) {
+        let_go(ask.handle);
+        ipcc_ledger_answer(me, &ask);
+    }
+}
+
+/* The helper's closes must neither fail nor break a CUDA graph that one of
+ * the program's threads is capturing in global mode (the default of
+ * PyTorch's torch.cuda.graph): relaxed mode permits them on this thread. */
+static void relax_capture_mode(void)
+{
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    if (ipcc_driver()->thread_capture_mode)
+        ipcc_driver()->thread_capture_mode(&mode);
+}
+
+/* Exporters ask a slot only once its helper named itself there: the
+ * first watch waits for that (microseconds; bounded, and a helper slower
+ * than that is not asked until it runs). */
+#define NAMING_WAIT_NS (1000ULL * 1000 * 1000)
+
+static void *helper_main(void *arg)
+{
+    int me = (int)(intptr_t)arg;
+    ipcc_ledger_helper_started(me);
+    relax_capture_mode();
+    uint64_t last_check = ipcc_now_ns();
+    while (!atomic_load(&exiting)) {
+        uint32_t rung = ipcc_ledger_doorbell(me);
+        answer_requests(me);
+        if (ipcc_now_ns() - last_check >= CHECK_EVERY_NS) {
+            release_dead_exporters(0);
+            last_check = ipcc_now_ns();
+        }
+        ipcc_ledger_sleep(me, rung, CHECK_EVERY_NS);
+    }
+    return NULL;
+}
+
+/* Detached, and deaf to every signal: the program's handlers run on its
+ * own threads as before. The caller's mask is restored at once. 0, or the
+ * error of pthread_create. */
+static int start_helper(int me)
+{
+    sigset_t all, saved;
+    pthread_t t;
+    pthread_attr_t attr;
+    sigfillset(&all);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
+    int rc = pthread_create(&t, &attr, helper_main, (void *)(intptr_t)me);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc == 0)
+        ipcc_ledger_await_helper(me, NAMING_WAIT_NS);
+    return rc;
+}
+
+/* The slot first, so that no exporter asks us any more; then the helper
+ * stops before its next driver call. */
+static void unregister_at_exit(void)
+{
+    ipcc_ledger_unregister(atomic_load(&slot));
+    atomic_store(&exiting, 1);
+}
+
+/* Fork child: no helper runs here and the slot is the parent's. */
+static void reset_in_child(void)
+{
+    struct seen *s, *tmp;
+    HASH_ITER(hh, seen, s, tmp) {
+        HASH_DEL(seen, s);
+        free(s);
+    }
+    memset(exporters, 0, sizeof(exporters));
+    atomic_store(&slot, -1);
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, reset_in_child);
+}
+
+/* The first time only: a ledger slot, and the thread that answers on it. */
+static int my_slot(void)
+{
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    int s = atomic_load(&slot);
+    if (s != -1)
+        return s;
+    if (!atomic_compare_exchange_strong(&slot, &s, -2))
+        return atomic_load(&slot); /* another thread is at it */
+    pthread_once(&fork_once, watch_forks);
+    s = ipcc_ledger_register();
+    if (s == -2)
+        ipcc_log(IPCC_LOG_INFO, "release ledger: all %d importer slots are held by live "
+                                "processes; this one's idle mappings are bounded by the caps "
+                                "only", IPCC_LEDGER_IMPORTERS);
+    if (s < 0)
+        return -2;
+    int rc = start_helper(s);
+    if (rc != 0) { /* nobody would answer: exporters must not wait for us */
+        ipcc_ledger_unregister(s);
+        ipcc_log(IPCC_LOG_INFO, "cannot start the release helper thread (%s); this process "
+                                "does not use the release ledger: its idle mappings are "
+                                "bounded by the caps only", strerror(rc));
+        return -2;
+    }
+    atomic_store(&slot, s);
+    ipcc_atexit(unregister_at_exit);
+    return s;
+}
+
+/* ---- at each miss ------------------------------------------------------ */
+
+/* Lock held: the index of exporter who, added if new; -1 when full. */
+static int exporter_index(struct ipcc_proc who)
+{
+    int free_at = -1;
+    for (int i = 0; i < MAX_EXPORTERS; i++) {
+        if (exporters[i].who.pid == who.pid && exporters[i].who.start == who.start)
+            return i;
+        if (exporters[i].who.pid == 0 && free_at < 0)
+            free_at = i;
+    }
+    if (free_at >= 0) {
+        exporters[free_at].who = who;
+        exporters[free_at].handles = 0;
+    }
+    return free_at;
+}
+
+/* Remembers that handle came from owner; the oldest record goes when full. */
+static void record(const void *handle, struct ipcc_proc owner)
+{
+    struct seen *s;
+    ipcc_lock();
+    HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
+    int i = s ? -1 : exporter_index(owner);
+    if (i >= 0 && (s = calloc(1, sizeof(*s))) != NULL) {
+        if (HASH_COUNT(seen) >= MAX_SEEN)
+            forget_seen(seen);
+        memcpy(s->handle, handle, IPCC_HANDLE_BYTES);
+        s->exporter = i;
+        exporters[i].handles++;
+        seen_oom = 0;
+        HASH_ADD(hh, seen, handle, IPCC_HANDLE_BYTES, s);
+        if (seen_oom) { /* not in the table: undo by hand */
+            if (--exporters[i].handles == 0)
+                exporters[i].who.pid = 0;
+            free(s);
+        }
+    }
+    ipcc_unlock();
+}
+
+/* Called after a miss whose real open was cached: from now on the exporter
+ * of handle rings us when it frees it. Exporters that exited meanwhile lose
+ * their idle mappings here. A handle the ledger does not know comes from an
+ * exporter without the library (nothing will ask), unless some exporter
+ * could not list its handles: then every exporter's frees ring us. */
+void ipcc_ghost_note_open(const void *handle)
+{
+    if (ipcc_config.disabled || !ipcc_ledger_ready())
+        return;
+    struct ipcc_proc owner;
+    int known = ipcc_ledger_owner(handle, &owner);
+    if (!known && !ipcc_ledger_unpublished())
+        return;
+    int me = my_slot();
+    if (me < 0)
+        return;
+    ipcc_ledger_watch(me, known ? owner.pid : 0);
+    if (known)
+        record(handle, owner);
+    release_dead_exporters(1);
+}

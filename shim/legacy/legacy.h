@@ -1,0 +1,108 @@
+/*
+ * legacy.h - the legacy kind (cuIpcOpenMemHandle): its table (pure C, no
+ * CUDA: legacy_table.c), the calls through it (legacy_calls.c), the closes
+ * of what it gave up (legacy_close.c), and the exporter's and importer's
+ * sides of the release ledger (legacy_exporter.c, legacy_importer.c).
+ */
+#ifndef IPCC_LEGACY_H
+#define IPCC_LEGACY_H
+
+#include "life.h"
+
+/* ---- legacy_table.c: the table (pure C, no CUDA, no I/O, no locking) ---- */
+
+/* Identity of one mapping as the driver sees it. Zero-filled before use:
+ * uthash hashes the raw bytes, padding included. */
+struct ipcc_key {
+    uint64_t ctx_id;
+    uint32_t flags;
+    uint32_t zero_pad;
+    unsigned char handle[IPCC_HANDLE_BYTES];
+    uint32_t hash;      /* of the bytes above, computed outside the lock */
+    uint32_t zero_pad2;
+};
+
+struct ipcc_entry;
+
+/* An entry removed from the table whose mapping the caller must really close
+ * (eviction, exit) or forget (context gone). */
+struct ipcc_victim {
+    void *ctx;
+    uint64_t ctx_id;
+    uint64_t dptr;
+    uint64_t bytes;
+};
+
+struct ipcc_cache;
+
+IPCC_HIDDEN struct ipcc_cache *ipcc_cache_create(void);
+IPCC_HIDDEN void ipcc_cache_destroy(struct ipcc_cache *c);
+IPCC_HIDDEN void ipcc_cache_clear(struct ipcc_cache *c);
+IPCC_HIDDEN void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id,
+                               const void *handle, uint32_t flags);
+IPCC_HIDDEN int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k,
+                                   uint64_t *dptr);
+IPCC_HIDDEN int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k,
+                                  void *ctx, uint64_t dptr, uint64_t bytes,
+                                  uint64_t now_ns, uint64_t *cached_dptr);
+IPCC_HIDDEN enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c,
+                                                        uint64_t ctx_id,
+                                                        uint64_t dptr, uint64_t now_ns);
+IPCC_HIDDEN int ipcc_cache_oldest_idle(const struct ipcc_cache *c, uint64_t *ns);
+IPCC_HIDDEN size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
+                                    uint64_t max_idle_entries,
+                                    struct ipcc_victim *out, size_t cap);
+IPCC_HIDDEN int ipcc_cache_over_caps(const struct ipcc_cache *c, uint64_t max_bytes,
+                                     uint64_t max_entries);
+IPCC_HIDDEN size_t ipcc_cache_evict_other_contexts(struct ipcc_cache *c, uint64_t keep_ctx_id,
+                                                   struct ipcc_victim *out, size_t cap);
+IPCC_HIDDEN size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,
+                                       struct ipcc_victim *out, size_t cap);
+IPCC_HIDDEN size_t ipcc_cache_contexts(struct ipcc_cache *c, void **ctxs,
+                                       uint64_t *ids, size_t cap);
+IPCC_HIDDEN size_t ipcc_cache_count(const struct ipcc_cache *c);
+
+/* Totals the cache keeps; read by the signal handler, so atomic. */
+struct ipcc_cache_gauges {
+    _Atomic uint64_t live;
+    _Atomic uint64_t idle;
+    _Atomic uint64_t idle_bytes;
+};
+IPCC_HIDDEN const struct ipcc_cache_gauges *ipcc_cache_gauges(const struct ipcc_cache *c);
+
+IPCC_HIDDEN const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c);
+
+/* legacy_table.c: idle entries of one exporter's allocation, in any context. */
+IPCC_HIDDEN size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
+                                                  struct ipcc_victim *out, size_t cap,
+                                                  uint64_t *live_bytes);
+
+/* ---- legacy_calls.c: open and close through the cache ----------------------- */
+
+IPCC_HIDDEN int ipcc_open(int slot, uint64_t *pdptr, const void *handle, unsigned flags);
+IPCC_HIDDEN int ipcc_close(uint64_t dptr);
+IPCC_HIDDEN int ipcc_context_id(void *ctx, uint64_t *id);
+IPCC_HIDDEN void ipcc_forget_context(uint64_t ctx_id);
+IPCC_HIDDEN void ipcc_contexts_changing(void);
+IPCC_HIDDEN void ipcc_sweep_dead_contexts(void);
+
+/* ---- legacy_close.c: really closing legacy mappings given up ---------- */
+
+IPCC_HIDDEN void ipcc_closing_add(const struct ipcc_victim *v, size_t n);
+IPCC_HIDDEN void ipcc_closing_remove(const struct ipcc_victim *v, size_t n);
+IPCC_HIDDEN int ipcc_closing_has(uint64_t ctx_id, uint64_t dptr);
+IPCC_HIDDEN void ipcc_closing_reset(void);
+IPCC_HIDDEN void ipcc_close_listed_victims(const struct ipcc_victim *v, size_t n, int evicted);
+IPCC_HIDDEN void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted);
+
+/* legacy_exporter.c: cuIpcGetMemHandle and cuMemFree{,_v2} of exported memory. */
+IPCC_HIDDEN int ipcc_exporter_get_handle(void *handle, uint64_t dptr);
+IPCC_HIDDEN int ipcc_exporter_free(int slot, uint64_t dptr);
+
+/* legacy_importer.c: the legacy kind's part (vmm_importer.c: ipcc_vmm_ghost_*). */
+IPCC_HIDDEN void ipcc_ghost_let_go(const void *handle);
+IPCC_HIDDEN void ipcc_ghost_after_close(void);
+IPCC_HIDDEN uint64_t ipcc_ghost_bytes(void);
+IPCC_HIDDEN void ipcc_ghost_fork_child(void);
+
+#endif

@@ -1,0 +1,282 @@
+/*
+ * legacy_calls.c - opening and closing IPC memory through the cache.
+ *
+ * The contract is the driver's own: a hit returns the pointer the driver
+ * would return and takes a reference; a close drops one; errors are the
+ * driver's. Anything we cannot decide exactly goes to the driver untouched.
+ *
+ * Locking: the table lock is held only around table operations, never
+ * across a driver call, so a slow map (milliseconds across GPUs) does not
+ * stall other threads' hits.
+ */
+#include <sched.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "legacy.h"
+#include "budget.h"
+#include "release_ledger.h"
+
+typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+typedef CUresult (*close_fn)(CUdeviceptr);
+
+#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
+
+/* ---- contexts ----------------------------------------------------------- */
+
+/*
+ * Each thread remembers the id of the context it last used. The memory is
+ * valid while no context has been torn down since: every teardown entry
+ * point bumps the generation (hooks.c), which forgets all of them at once.
+ * This saves a driver call on every hit.
+ */
+static _Atomic uint64_t context_generation = 1;
+
+static __thread struct {
+    void *ctx;
+    uint64_t id;
+    uint64_t generation;
+} last_context __attribute__((tls_model("initial-exec")));
+
+void ipcc_contexts_changing(void)
+{
+    atomic_fetch_add_explicit(&context_generation, 1, memory_order_release);
+}
+
+/* The calling thread's current context; -1 if there is none (the driver
+ * then answers the call itself, with its own error). */
+static int current_context(void **ctx, uint64_t *id)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    if (!d->ctx_get_current || d->ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx)
+        return -1;
+    uint64_t generation = atomic_load_explicit(&context_generation, memory_order_acquire);
+    if (*ctx == last_context.ctx && generation == last_context.generation) {
+        *id = last_context.id;
+        return 0;
+    }
+    if (ipcc_context_id(*ctx, id) < 0)
+        return -1;
+    last_context.ctx = *ctx;
+    last_context.id = *id;
+    last_context.generation = generation;
+    return 0;
+}
+
+/* ---- pass-through ------------------------------------------------------- */
+
+static CUresult count_result(CUresult rc)
+{
+    if (rc != CUDA_SUCCESS)
+        IPCC_COUNT(errors);
+    return rc;
+}
+
+static CUresult passthrough_open(open_fn real, CUdeviceptr *pdptr, CUipcMemHandle h,
+                                 unsigned flags)
+{
+    IPCC_COUNT(open_passthrough);
+    return count_result(real(pdptr, h, flags));
+}
+
+static CUresult passthrough_close(close_fn real, CUdeviceptr dptr)
+{
+    IPCC_COUNT(close_passthrough);
+    return count_result(real(dptr));
+}
+
+/* A real close made by the cache itself, timed for the stats. */
+static CUresult timed_real_close(close_fn real, CUdeviceptr dptr)
+{
+    uint64_t t0 = ipcc_now_ns();
+    CUresult rc = real(dptr);
+    if (rc == CUDA_SUCCESS) {
+        IPCC_ADD(real_close_ns, ipcc_now_ns() - t0);
+        IPCC_COUNT(real_close_samples);
+        IPCC_COUNT(real_closes);
+    }
+    return rc;
+}
+
+/* ---- open --------------------------------------------------------------- */
+
+static uint64_t mapping_bytes(uint64_t dptr)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    size_t size = 0;
+    if (!d->mem_get_range || d->mem_get_range(NULL, &size, dptr) != CUDA_SUCCESS)
+        return 0;
+    return size;
+}
+
+/* Not cached: map for real, then record the mapping. If the table already
+ * holds that mapping (another thread's miss on the same key got in first, or
+ * another handle the driver resolved to the same pointer), share its entry
+ * and give back the driver reference this call took: an entry holds one. */
+static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
+                          CUdeviceptr *pdptr, CUipcMemHandle h, unsigned flags)
+{
+    IPCC_COUNT(misses);
+    uint64_t t0 = ipcc_now_ns();
+    CUresult rc = real(pdptr, h, flags);
+    if (rc == CUDA_ERROR_INVALID_HANDLE && ipcc_release_idle_elsewhere(key->ctx_id) > 0) {
+        /* Our idle mapping in another context on this device was in the way. */
+        t0 = ipcc_now_ns();
+        rc = real(pdptr, h, flags);
+    }
+    if (rc != CUDA_SUCCESS)
+        return count_result(rc);
+    IPCC_ADD(real_open_ns, ipcc_now_ns() - t0);
+    IPCC_COUNT(real_open_samples);
+    IPCC_COUNT(real_opens);
+
+    uint64_t dptr = *pdptr, cached = 0;
+    uint64_t bytes = mapping_bytes(dptr);
+    ipcc_lock();
+    int inserted = ipcc_cache_insert(ipcc_table(), key, ctx, dptr, bytes, ipcc_now_ns(), &cached);
+    ipcc_unlock();
+    if (inserted > 0)
+        ipcc_ghost_note_open(key->handle);
+    if (inserted == 0) {
+        timed_real_close((close_fn)ipcc_real(IPCC_SLOT_CLOSE), dptr);
+        *pdptr = cached;
+    } else if (inserted < 0) {
+        ipcc_log(IPCC_LOG_WARN, "out of memory; mapping 0x%llx is not cached",
+                 (unsigned long long)dptr);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* The real function for a call the cache cannot answer itself; NULL only
+ * when no driver is loaded at all. */
+static open_fn real_open(int slot)
+{
+    return (open_fn)ipcc_real(slot);
+}
+
+static CUresult open_uncached(int slot, CUdeviceptr *pdptr, const CUipcMemHandle *h,
+                              unsigned flags)
+{
+    open_fn real = real_open(slot);
+    return real ? passthrough_open(real, pdptr, *h, flags) : NO_DRIVER;
+}
+
+/* The hit path touches neither the real function nor a copy of the handle. */
+int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned flags)
+{
+    CUdeviceptr *pdptr = (CUdeviceptr *)pdptr_u64;
+    const CUipcMemHandle *h = handle_bytes;
+    ipcc_lifecycle_start();
+
+    void *ctx;
+    uint64_t ctx_id;
+    if (ipcc_config.disabled || !pdptr || current_context(&ctx, &ctx_id) < 0)
+        return open_uncached(slot, pdptr, h, flags);
+
+    struct ipcc_key key;
+    uint64_t dptr;
+    ipcc_key_init(&key, ctx_id, h->reserved, flags);
+    ipcc_lock();
+    int hit = ipcc_cache_acquire(ipcc_table(), &key, &dptr);
+    ipcc_unlock();
+    if (hit) {
+        IPCC_COUNT(hits);
+        *pdptr = (CUdeviceptr)dptr;
+        return CUDA_SUCCESS;
+    }
+    open_fn real = real_open(slot);
+    return real ? open_miss(real, &key, ctx, pdptr, *h, flags) : NO_DRIVER;
+}
+
+/* ---- close -------------------------------------------------------------- */
+
+/* The cache is really closing this mapping in another thread (eviction, an
+ * exporter's request, a close past zero): the driver still holds the cache's
+ * reference, so answering now would take it. Wait for that close; it never
+ * waits on anything of ours. */
+static void wait_until_closed(uint64_t ctx_id, uint64_t dptr)
+{
+    int closing;
+    do {
+        sched_yield();
+        ipcc_lock();
+        closing = ipcc_closing_has(ctx_id, dptr);
+        ipcc_unlock();
+    } while (closing);
+}
+
+int ipcc_close(uint64_t dptr)
+{
+    close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
+    if (!real)
+        return NO_DRIVER;
+    ipcc_lifecycle_start();
+
+    void *ctx;
+    uint64_t ctx_id;
+    if (ipcc_config.disabled || current_context(&ctx, &ctx_id) < 0)
+        return passthrough_close(real, (CUdeviceptr)dptr);
+
+    const struct ipcc_victim self = { ctx, ctx_id, dptr, 0 };
+    ipcc_lock();
+    enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr, ipcc_now_ns());
+    int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_closing_has(ctx_id, dptr);
+    if (r == IPCC_RELEASE_PAST_ZERO)
+        ipcc_closing_add(&self, 1);
+    ipcc_unlock();
+    switch (r) {
+    case IPCC_RELEASE_NOT_FOUND:
+        if (closing)
+            wait_until_closed(ctx_id, dptr);
+        return passthrough_close(real, (CUdeviceptr)dptr);
+    case IPCC_RELEASE_PAST_ZERO:
+        /* Every reference cached opens took is closed: this one is the
+         * application's own (opened past the cache) or none. The entry is
+         * gone; give its reference back, then let the driver answer. */
+        IPCC_COUNT(close_past_zero);
+        timed_real_close(real, (CUdeviceptr)dptr);
+        ipcc_lock();
+        ipcc_closing_remove(&self, 1);
+        ipcc_unlock();
+        return count_result(real((CUdeviceptr)dptr));
+    case IPCC_RELEASE_OK:
+        break;
+    }
+    IPCC_COUNT(close_cached);
+    ipcc_evict_over_caps();
+    return CUDA_SUCCESS;
+}
+
+/* ---- context teardown --------------------------------------------------- */
+
+/* The context is gone and the driver unmapped its mappings with it: forget
+ * them, closing nothing. */
+void ipcc_forget_context(uint64_t ctx_id)
+{
+    if (!ipcc_table())
+        return;
+    ipcc_lock();
+    size_t n = ipcc_cache_drop_ctx(ipcc_table(), ctx_id, NULL, 0);
+    ipcc_unlock();
+    IPCC_ADD(invalidations, n);
+}
+
+/* After a primary context release or reset: drop the entries of every
+ * context that no longer answers to its id. */
+void ipcc_sweep_dead_contexts(void)
+{
+    enum { MAX_CONTEXTS = 64 };
+    void *ctxs[MAX_CONTEXTS];
+    uint64_t ids[MAX_CONTEXTS];
+    if (!ipcc_table())
+        return;
+    ipcc_lock();
+    size_t n = ipcc_cache_contexts(ipcc_table(), ctxs, ids, MAX_CONTEXTS);
+    ipcc_unlock();
+    for (size_t i = 0; i < n; i++) {
+        uint64_t id;
+        if (ipcc_context_id(ctxs[i], &id) < 0 || id != ids[i])
+            ipcc_forget_context(ids[i]);
+    }
+}

@@ -1,0 +1,182 @@
+/*
+ * legacy_close.c - really closing legacy IPC mappings the cache has given
+ * up (idle_budget.c chose them, or the exporter asked for them back).
+ *
+ * The driver closes in the current context, so a victim from another context
+ * is closed with its own context pushed, and the caller's restored after.
+ */
+#include <cuda.h>
+
+#include "legacy.h"
+
+typedef CUresult (*close_fn)(CUdeviceptr);
+
+/* ---- contexts (legacy_calls.c and the closes here need the id) ---------- */
+
+/* Said once, the first time a call finds no context ids. */
+static void say_no_context_ids(void)
+{
+    static _Atomic int said;
+    if (!atomic_exchange_explicit(&said, 1, memory_order_relaxed))
+        ipcc_log(IPCC_LOG_INFO, "the driver has no cuCtxGetId (CUDA before 12.0); "
+                                "nothing is cached, every call goes to the driver");
+}
+
+/* A context's identity for the key. cuCtxGetId (driver >= 12.0) is unique
+ * for the life of the process, so a new context at a dead one's address, or
+ * a reset primary context, never matches old entries. Without it a context
+ * cannot be told from its successor at the same address, so nothing is
+ * cached (-1: the caller passes the call through). */
+int ipcc_context_id(void *ctx, uint64_t *id)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    if (!d->ctx_get_id) {
+        say_no_context_ids();
+        return -1;
+    }
+    unsigned long long v;
+    if (d->ctx_get_id(ctx, &v) != CUDA_SUCCESS)
+        return -1;
+    *id = v;
+    return 0;
+}
+
+/* ---- mappings being closed --------------------------------------------- */
+
+/*
+ * A victim leaves the table under the lock and is closed after it. Until
+ * then the driver still holds the cache's reference, so an application's
+ * extra close of that pointer meanwhile (one the driver alone would refuse)
+ * would drop the cache's reference and succeed. Victims are listed here
+ * until their close is done, and such a close waits for it. Fixed slots:
+ * more closes in flight at once than slots leaves the rest unlisted (the
+ * race above, for them only). All three calls need the table lock.
+ */
+#define CLOSING_SLOTS 128
+static struct {
+    uint64_t ctx_id, dptr;
+    int used;
+} closing[CLOSING_SLOTS];
+
+void ipcc_closing_add(const struct ipcc_victim *v, size_t n)
+{
+    for (size_t i = 0, s = 0; i < n; i++) {
+        while (s < CLOSING_SLOTS && closing[s].used)
+            s++;
+        if (s == CLOSING_SLOTS)
+            return;
+        closing[s].ctx_id = v[i].ctx_id;
+        closing[s].dptr = v[i].dptr;
+        closing[s].used = 1;
+    }
+}
+
+static int closing_slot(uint64_t ctx_id, uint64_t dptr)
+{
+    for (int s = 0; s < CLOSING_SLOTS; s++)
+        if (closing[s].used && closing[s].ctx_id == ctx_id && closing[s].dptr == dptr)
+            return s;
+    return -1;
+}
+
+void ipcc_closing_remove(const struct ipcc_victim *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int s = closing_slot(v[i].ctx_id, v[i].dptr);
+        if (s >= 0)
+            closing[s].used = 0;
+    }
+}
+
+int ipcc_closing_has(uint64_t ctx_id, uint64_t dptr)
+{
+    return closing_slot(ctx_id, dptr) >= 0;
+}
+
+/* Fork child: the closes in flight were the parent's threads'. */
+void ipcc_closing_reset(void)
+{
+    for (int s = 0; s < CLOSING_SLOTS; s++)
+        closing[s].used = 0;
+}
+
+/* Closes victims the caller took from the table under the lock and listed
+ * as closing before it unlocked; unlists them after. */
+void ipcc_close_listed_victims(const struct ipcc_victim *v, size_t n, int evicted)
+{
+    ipcc_close_victims(v, n, evicted);
+    if (n == 0)
+        return;
+    ipcc_lock();
+    ipcc_closing_remove(v, n);
+    ipcc_unlock();
+}
+
+/* ---- closing ------------------------------------------------------------- */
+
+/* What closing one victim came to. */
+enum close_outcome { CLOSED, FAILED, CONTEXT_GONE };
+
+/* Whether the current context is still the victim's: a context destroyed
+ * since the victim was taken may have a successor at its address, whose
+ * mappings are not ours to close (the driver unmapped ours with the old). */
+static int victim_context_current(const struct ipcc_victim *v)
+{
+    uint64_t id;
+    return ipcc_context_id(v->ctx, &id) == 0 && id == v->ctx_id;
+}
+
+static enum close_outcome close_current(close_fn real, const struct ipcc_victim *v)
+{
+    if (!victim_context_current(v))
+        return CONTEXT_GONE;
+    CUresult rc = real((CUdeviceptr)v->dptr);
+    if (rc != CUDA_SUCCESS)
+        ipcc_log(IPCC_LOG_DEBUG, "closing cached mapping 0x%llx failed: error %d",
+                 (unsigned long long)v->dptr, (int)rc);
+    return rc == CUDA_SUCCESS ? CLOSED : FAILED;
+}
+
+/* Closes a victim in its own context, pushed for the call when it is not
+ * the current one, and checked once current. */
+static enum close_outcome close_in_context(close_fn real, const struct ipcc_victim *v)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    void *current = NULL;
+    if (d->ctx_get_current)
+        d->ctx_get_current(&current);
+    if (current == v->ctx)
+        return close_current(real, v);
+    if (!d->ctx_push || !d->ctx_pop)
+        return FAILED;
+    int rc = d->ctx_push(v->ctx);
+    if (rc != CUDA_SUCCESS) /* a dead context is invalid until one reuses its address */
+        return rc == CUDA_ERROR_INVALID_CONTEXT ? CONTEXT_GONE : FAILED;
+    enum close_outcome out = close_current(real, v);
+    void *popped;
+    d->ctx_pop(&popped);
+    return out;
+}
+
+/* Closes each victim's mapping; failures are expected only when the driver
+ * is already gone (exit), so they are logged at debug level. A victim whose
+ * context died meanwhile died with it: counted as an invalidation. */
+void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted)
+{
+    close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
+    if (!real)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t t0 = ipcc_now_ns();
+        enum close_outcome out = close_in_context(real, &v[i]);
+        if (out == CONTEXT_GONE)
+            IPCC_COUNT(invalidations);
+        if (out != CLOSED)
+            continue;
+        IPCC_ADD(real_close_ns, ipcc_now_ns() - t0);
+        IPCC_COUNT(real_close_samples);
+        IPCC_COUNT(real_closes);
+        if (evicted)
+            IPCC_COUNT(evictions);
+    }
+}

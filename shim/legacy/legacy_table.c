@@ -1,0 +1,480 @@
+/*
+ * legacy_table.c - the table of cached IPC mappings.
+ *
+ * Pure data structure: no CUDA, no I/O, no locking (the caller holds the one
+ * lock). Two indexes over the same entries, both uthash:
+ *   by_key  (context id, handle, flags) -> entry   used by opens
+ *   by_ptr  (context id, device pointer) -> entry  used by closes
+ * One entry per mapping, holding exactly one driver reference. When the
+ * driver returns a mapping we hold for a second handle byte string (two
+ * exports of one allocation), that key becomes an alias of the entry
+ * (by_alias), looked up only when by_key misses.
+ * Entries with no reference sit on an LRU list (oldest first) so that
+ * eviction closes the mapping idle the longest.
+ *
+ * Out of memory is never fatal: insert() fails and the caller simply does
+ * not cache that mapping.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "legacy.h"
+
+/* uthash must not abort the process on allocation failure: it leaves the
+ * element out and raises this flag instead (read under the caller's lock). */
+static int ipcc_cache_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(elt) (ipcc_cache_oom = 1)
+
+/* Both key types are whole 8-byte words; a multiply-xorshift per word is a
+ * few times cheaper than uthash's default on an 80-byte key, and the hit
+ * path is all about such nanoseconds. */
+static uint32_t hash_words(const void *key, size_t len)
+{
+    const unsigned char *p = key;
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ len;
+    for (size_t i = 0; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
+    }
+    return (uint32_t)(h ^ (h >> 29));
+}
+#define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = hash_words((keyptr), (keylen)))
+
+#include <uthash.h>
+#include <utlist.h>
+
+struct ptr_key {
+    uint64_t ctx_id;
+    uint64_t dptr;
+};
+
+/* The identity part of a key: everything before its cached hash. */
+#define KEY_BYTES offsetof(struct ipcc_key, hash)
+
+_Static_assert(KEY_BYTES % 8 == 0, "hash_words reads whole words");
+_Static_assert(sizeof(struct ptr_key) % 8 == 0, "hash_words reads whole words");
+
+struct ipcc_alias;
+
+struct ipcc_entry {
+    struct ipcc_key key;
+    struct ptr_key pkey;
+    void *ctx;
+    uint64_t bytes;
+    uint64_t refs;                      /* the application's, all keys together */
+    uint64_t idle_ns;                   /* when it last went idle */
+    int top_slot;                       /* -1: not mirrored */
+    struct ipcc_entry *prev, *next;     /* LRU, only while idle */
+    struct ipcc_alias *aliases;         /* other keys of this mapping */
+    UT_hash_handle hh_key, hh_ptr;
+};
+
+/* Another key that the driver answered with an entry's mapping. */
+struct ipcc_alias {
+    struct ipcc_key key;
+    struct ipcc_entry *entry;
+    struct ipcc_alias *next;            /* the entry's next alias */
+    UT_hash_handle hh;
+};
+
+struct ipcc_cache {
+    struct ipcc_entry *by_key;
+    struct ipcc_entry *by_ptr;
+    struct ipcc_alias *by_alias;
+    struct ipcc_entry *lru;             /* head = least recently used */
+    struct ipcc_cache_gauges gauges;
+    struct ipcc_top_slot top[IPCC_TOP_SLOTS];
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+/* Gauges are written only under the table lock, so a plain load and store
+ * suffice (no locked instruction on the hit path); atomics only so that the
+ * signal handler may read them at any moment. */
+static void gauge_add(_Atomic uint64_t *g, uint64_t n)
+{
+    atomic_store_explicit(g, atomic_load_explicit(g, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+static void gauge_sub(_Atomic uint64_t *g, uint64_t n)
+{
+    atomic_store_explicit(g, atomic_load_explicit(g, memory_order_relaxed) - n,
+                          memory_order_relaxed);
+}
+
+static void slot_store(_Atomic uint64_t *f, uint64_t v)
+{
+    atomic_store_explicit(f, v, memory_order_relaxed);
+}
+
+/* Mirror an entry into a free top slot, if any is left. */
+static void top_attach(struct ipcc_cache *c, struct ipcc_entry *e, uint64_t now_ns)
+{
+    e->top_slot = -1;
+    for (int i = 0; i < IPCC_TOP_SLOTS; i++) {
+        struct ipcc_top_slot *s = &c->top[i];
+        if (atomic_load_explicit(&s->used, memory_order_relaxed))
+            continue;
+        slot_store(&s->ctx_id, e->key.ctx_id);
+        slot_store(&s->hits, 0);
+        slot_store(&s->refs, e->refs);
+        slot_store(&s->bytes, e->bytes);
+        slot_store(&s->created_ns, now_ns);
+        atomic_store_explicit(&s->used, 1, memory_order_release);
+        e->top_slot = i;
+        return;
+    }
+}
+
+static void top_detach(struct ipcc_cache *c, struct ipcc_entry *e)
+{
+    if (e->top_slot >= 0)
+        atomic_store_explicit(&c->top[e->top_slot].used, 0, memory_order_release);
+    e->top_slot = -1;
+}
+
+static void top_update(struct ipcc_cache *c, const struct ipcc_entry *e, int hit)
+{
+    if (e->top_slot < 0)
+        return;
+    struct ipcc_top_slot *s = &c->top[e->top_slot];
+    /* Writers hold the table lock; only the signal handler reads. */
+    if (hit)
+        slot_store(&s->hits, atomic_load_explicit(&s->hits, memory_order_relaxed) + 1);
+    slot_store(&s->refs, e->refs);
+}
+
+/* Take an entry off every index and the gauges, freeing its aliases; the
+ * caller frees the entry. */
+static void unlink_entry(struct ipcc_cache *c, struct ipcc_entry *e)
+{
+    HASH_DELETE(hh_key, c->by_key, e);
+    HASH_DELETE(hh_ptr, c->by_ptr, e);
+    while (e->aliases) {
+        struct ipcc_alias *a = e->aliases;
+        e->aliases = a->next;
+        HASH_DELETE(hh, c->by_alias, a);
+        free(a);
+    }
+    if (e->refs == 0) {
+        DL_DELETE(c->lru, e);
+        gauge_sub(&c->gauges.idle, 1);
+        gauge_sub(&c->gauges.idle_bytes, e->bytes);
+    } else {
+        gauge_sub(&c->gauges.live, 1);
+    }
+    top_detach(c, e);
+}
+
+/* Removes and frees an entry, describing it in out[*n] while there is room;
+ * counts it in *n either way. */
+static void remove_entry(struct ipcc_cache *c, struct ipcc_entry *e,
+                         struct ipcc_victim *out, size_t cap, size_t *n)
+{
+    if (out && *n < cap) {
+        struct ipcc_victim *v = &out[*n];
+        v->ctx = e->ctx;
+        v->ctx_id = e->key.ctx_id;
+        v->dptr = e->pkey.dptr;
+        v->bytes = e->bytes;
+    }
+    (*n)++;
+    unlink_entry(c, e);
+    free(e);
+}
+
+/* ---- API ---------------------------------------------------------------- */
+
+/* Returns an empty table, or NULL when out of memory. */
+struct ipcc_cache *ipcc_cache_create(void)
+{
+    return calloc(1, sizeof(struct ipcc_cache));
+}
+
+/* Forgets every entry without closing anything: for the fork child, whose
+ * mappings belong to its parent's contexts. The table itself stays, so a
+ * signal handler reading its gauges never sees freed memory. */
+void ipcc_cache_clear(struct ipcc_cache *c)
+{
+    struct ipcc_entry *e, *tmp;
+    HASH_ITER(hh_key, c->by_key, e, tmp) {
+        unlink_entry(c, e);
+        free(e);
+    }
+}
+
+void ipcc_cache_destroy(struct ipcc_cache *c)
+{
+    if (!c)
+        return;
+    ipcc_cache_clear(c);
+    free(c);
+}
+
+/* Builds a key with every byte defined (the hash covers padding too) and
+ * hashes it here, so the caller can do it before taking the lock. */
+void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id, const void *handle,
+                   uint32_t flags)
+{
+    k->ctx_id = ctx_id;
+    k->flags = flags;
+    k->zero_pad = 0;
+    memcpy(k->handle, handle, IPCC_HANDLE_BYTES);
+    k->zero_pad2 = 0;
+    k->hash = hash_words(k, KEY_BYTES);
+}
+
+/* The entry a key names, directly or as an alias; NULL if none. */
+static struct ipcc_entry *find_key(struct ipcc_cache *c, const struct ipcc_key *k)
+{
+    struct ipcc_entry *e;
+    HASH_FIND_BYHASHVALUE(hh_key, c->by_key, k, KEY_BYTES, k->hash, e);
+    if (e || !c->by_alias)
+        return e;
+    struct ipcc_alias *a;
+    HASH_FIND_BYHASHVALUE(hh, c->by_alias, k, KEY_BYTES, k->hash, a);
+    return a ? a->entry : NULL;
+}
+
+static void take_ref(struct ipcc_cache *c, struct ipcc_entry *e)
+{
+    if (e->refs++ == 0) {
+        DL_DELETE(c->lru, e);
+        gauge_sub(&c->gauges.idle, 1);
+        gauge_sub(&c->gauges.idle_bytes, e->bytes);
+        gauge_add(&c->gauges.live, 1);
+    }
+}
+
+/* On a hit takes one reference, stores the mapping's pointer in *dptr and
+ * returns 1; returns 0 on a miss and leaves *dptr alone. */
+int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k, uint64_t *dptr)
+{
+    struct ipcc_entry *e = find_key(c, k);
+    if (!e)
+        return 0;
+    take_ref(c, e);
+    top_update(c, e, 1);
+    *dptr = e->pkey.dptr;
+    return 1;
+}
+
+/* Records k as another key of e, with one reference: 0, or -1 when out of
+ * memory (nothing recorded). */
+static int add_alias(struct ipcc_cache *c, struct ipcc_entry *e, const struct ipcc_key *k)
+{
+    struct ipcc_alias *a = calloc(1, sizeof(*a));
+    if (!a)
+        return -1;
+    a->key = *k;
+    a->entry = e;
+    ipcc_cache_oom = 0;
+    HASH_ADD_BYHASHVALUE(hh, c->by_alias, key, KEY_BYTES, k->hash, a);
+    if (ipcc_cache_oom) {
+        free(a);
+        return -1;
+    }
+    a->next = e->aliases;
+    e->aliases = a;
+    take_ref(c, e);
+    top_update(c, e, 0);
+    return 0;
+}
+
+/*
+ * Records a mapping the caller has just opened, with one reference.
+ * Returns 1 when inserted. Returns 0 when the mapping is already cached -
+ * under this key (another thread's miss won the race) or under another key
+ * whose handle the driver resolved to the same mapping (k becomes its
+ * alias): a reference is taken on that entry instead, its pointer goes to
+ * *cached_dptr, and the caller must drop the driver reference it holds
+ * itself, since an entry holds exactly one. Returns -1 when out of memory
+ * (nothing cached).
+ */
+int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
+                      uint64_t dptr, uint64_t bytes, uint64_t now_ns,
+                      uint64_t *cached_dptr)
+{
+    if (ipcc_cache_acquire(c, k, cached_dptr))
+        return 0;
+    struct ptr_key pk = { .ctx_id = k->ctx_id, .dptr = dptr };
+    struct ipcc_entry *e;
+    HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
+    if (e) {
+        *cached_dptr = dptr;
+        return add_alias(c, e, k);
+    }
+
+    e = calloc(1, sizeof(*e));
+    if (!e)
+        return -1;
+    e->key = *k;
+    e->pkey = pk;
+    e->ctx = ctx;
+    e->bytes = bytes;
+    e->refs = 1;
+
+    ipcc_cache_oom = 0;
+    HASH_ADD_BYHASHVALUE(hh_key, c->by_key, key, KEY_BYTES, k->hash, e);
+    if (ipcc_cache_oom) {
+        free(e);
+        return -1;
+    }
+    HASH_ADD(hh_ptr, c->by_ptr, pkey, sizeof(e->pkey), e);
+    if (ipcc_cache_oom) {
+        HASH_DELETE(hh_key, c->by_key, e);
+        free(e);
+        return -1;
+    }
+    gauge_add(&c->gauges.live, 1);
+    top_attach(c, e, now_ns);
+    return 1;
+}
+
+/* Drops one reference of the mapping at dptr in context ctx_id. At zero the
+ * entry stays cached, idle, at the most-recent end of the LRU list. A close
+ * of an idle entry (past zero) removes it: the application closes a
+ * reference it took outside the cache (or none), so the caller gives the
+ * cache's own reference back and lets the driver answer the close. */
+enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_id,
+                                            uint64_t dptr, uint64_t now_ns)
+{
+    struct ptr_key pk = { .ctx_id = ctx_id, .dptr = dptr };
+    struct ipcc_entry *e;
+    HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
+    if (!e)
+        return IPCC_RELEASE_NOT_FOUND;
+    if (e->refs == 0) {
+        unlink_entry(c, e);
+        free(e);
+        return IPCC_RELEASE_PAST_ZERO;
+    }
+    if (--e->refs == 0) {
+        e->idle_ns = now_ns;
+        DL_APPEND(c->lru, e);
+        gauge_sub(&c->gauges.live, 1);
+        gauge_add(&c->gauges.idle, 1);
+        gauge_add(&c->gauges.idle_bytes, e->bytes);
+    }
+    top_update(c, e, 0);
+    return IPCC_RELEASE_OK;
+}
+
+/* Whether idle mappings exceed either cap. Reads only the gauges, so it is
+ * also a cheap check without the lock. */
+int ipcc_cache_over_caps(const struct ipcc_cache *c, uint64_t max_bytes, uint64_t max_entries)
+{
+    return atomic_load_explicit(&c->gauges.idle_bytes, memory_order_relaxed) > max_bytes ||
+           atomic_load_explicit(&c->gauges.idle, memory_order_relaxed) > max_entries;
+}
+
+/* When the least recently used idle entry went idle: 1 and *ns set, or 0
+ * when nothing is idle. The budget shared with the VMM path compares it
+ * with that path's oldest idle thing (tables.c). */
+int ipcc_cache_oldest_idle(const struct ipcc_cache *c, uint64_t *ns)
+{
+    if (!c->lru)
+        return 0;
+    *ns = c->lru->idle_ns;
+    return 1;
+}
+
+/* Removes least recently used idle entries until both caps hold (or cap
+ * victims are collected) and describes them in out[]; the caller closes them.
+ * Returns how many were removed. UINT64_MAX caps evict everything idle. */
+size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
+                        uint64_t max_idle_entries, struct ipcc_victim *out, size_t cap)
+{
+    size_t n = 0;
+    while (n < cap && c->lru && ipcc_cache_over_caps(c, max_idle_bytes, max_idle_entries))
+        remove_entry(c, c->lru, out, cap, &n);
+    return n;
+}
+
+/* Removes idle entries of every context but keep_ctx_id (at most cap) and
+ * describes them in out[]; the caller closes them. */
+size_t ipcc_cache_evict_other_contexts(struct ipcc_cache *c, uint64_t keep_ctx_id,
+                                       struct ipcc_victim *out, size_t cap)
+{
+    struct ipcc_entry *e, *tmp;
+    size_t n = 0;
+    DL_FOREACH_SAFE(c->lru, e, tmp) {
+        if (n == cap)
+            break;
+        if (e->key.ctx_id != keep_ctx_id)
+            remove_entry(c, e, out, cap, &n);
+    }
+    return n;
+}
+
+/* Forgets every entry of a context that no longer exists (its mappings died
+ * with it). Returns how many; the first cap are described in out[]. */
+size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,
+                           struct ipcc_victim *out, size_t cap)
+{
+    struct ipcc_entry *e, *tmp;
+    size_t n = 0;
+    HASH_ITER(hh_key, c->by_key, e, tmp) {
+        if (e->key.ctx_id == ctx_id)
+            remove_entry(c, e, out, cap, &n);
+    }
+    return n;
+}
+
+/* Lists the distinct contexts that own entries (at most cap). */
+size_t ipcc_cache_contexts(struct ipcc_cache *c, void **ctxs, uint64_t *ids, size_t cap)
+{
+    struct ipcc_entry *e, *tmp;
+    size_t n = 0;
+    HASH_ITER(hh_key, c->by_key, e, tmp) {
+        size_t i = 0;
+        while (i < n && ids[i] != e->key.ctx_id)
+            i++;
+        if (i < n || n == cap)
+            continue;
+        ctxs[n] = e->ctx;
+        ids[n] = e->key.ctx_id;
+        n++;
+    }
+    return n;
+}
+
+size_t ipcc_cache_count(const struct ipcc_cache *c)
+{
+    return HASH_CNT(hh_key, c->by_key);
+}
+
+const struct ipcc_cache_gauges *ipcc_cache_gauges(const struct ipcc_cache *c)
+{
+    return &c->gauges;
+}
+
+const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c)
+{
+    return c->top;
+}
+
+/* Removes idle entries of the allocation behind handle, in any context (at
+ * most cap), describing them in out[]; the caller closes them. Adds to
+ * *live_bytes the bytes of its entries still referenced (left in place).
+ * Used when the exporter frees that allocation. */
+size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
+                                      struct ipcc_victim *out, size_t cap,
+                                      uint64_t *live_bytes)
+{
+    struct ipcc_entry *e, *tmp;
+    size_t n = 0;
+    HASH_ITER(hh_key, c->by_key, e, tmp) {
+        if (memcmp(e->key.handle, handle, IPCC_HANDLE_BYTES) != 0)
+            continue;
+        if (e->refs > 0)
+            *live_bytes += e->bytes;
+        else if (n < cap)
+            remove_entry(c, e, out, cap, &n);
+    }
+    return n;
+}

@@ -1,0 +1,155 @@
+/*
+ * lifecycle.c - start-up on the first IPC call, fork, and exit. Below the
+ * layers it starts and resets: they register what to run with
+ * ipcc_life_register() (entry/wiring.c, at load), so that this file calls
+ * nothing above the basics and the stats.
+ *
+ * At load time only the fork handlers are registered (see there): a process
+ * that never opens an IPC handle gets no signal handler, no atexit entry,
+ * no thread and no message from us. The first intercepted call reads the
+ * settings and sets everything up, once.
+ *
+ * The table lock (lock.c) is the library's only lock; the fork handlers
+ * below take it and reset it in the child (musl's fork does the same).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include "life.h"
+
+static pthread_once_t start_once = PTHREAD_ONCE_INIT;
+static const struct ipcc_life_hooks *layers;
+
+/* Before any fork or IPC call can reach the handlers below. */
+void ipcc_life_register(const struct ipcc_life_hooks *h)
+{
+    layers = h;
+}
+
+/* ---- fork: no CUDA calls here; the child's CUDA state is not usable ----- */
+
+/*
+ * Where another thread may be when a thread forks, and why the child lives:
+ *  - in the table lock or the fork guard (lock.c): the prepare handler below
+ *    takes both, so the fork waits; the child resets them. The guard covers
+ *    the two calls whose glibc lock fork neither takes nor resets: atexit()
+ *    (exit handlers) and dl_iterate_phdr() (the loader's object list).
+ *  - in dlopen/dladdr/dlsym/dlclose (entry/resolve.c, base/driver.c): the loader's lock, which
+ *    glibc's fork resets in the child; so is its TLS lock.
+ *  - in malloc (tables, keysets): fork takes every arena and resets them.
+ *  - in pthread_once (start, the driver's functions): an init under way in
+ *    the parent runs again in the child; start() is safe to run twice.
+ *  - in pthread_create (the helper thread): the stack list is reset.
+ *  - in pthread_atfork (modules register their child handlers lazily): fork
+ *    holds that list's lock throughout and releases it in both processes.
+ *  - in strerror (a read lock of the message catalogs, shared: the child's
+ *    readers pass), vsnprintf and write (no lock) for a message.
+ *  - in a driver call (the helper's close, release or unmap; never under a
+ *    lock of ours): the child's CUDA is unusable anyway, and no handler
+ *    here calls the driver; the child's tables are empty, so its exit
+ *    releases nothing.
+ *  - in the stats signal handler: write() only.
+ * The library takes no stdio, environment-writing or locale lock.
+ */
+
+/*
+ * Registered when the library is loaded, not at start: glibc runs for a fork
+ * only the handlers registered before that fork began, so a fork begun just
+ * before start would otherwise copy the lock while another thread's fork
+ * holds it, into a child that never resets it. Before start they take a lock
+ * nobody else takes and clear empty tables: nothing a program can notice.
+ */
+static void before_fork(void)
+{
+    ipcc_lock();
+    ipcc_fork_guard_hold();
+}
+
+static void after_fork_parent(void)
+{
+    ipcc_fork_guard_release();
+    ipcc_unlock();
+}
+
+/* The child's mappings belong to the parent's contexts: forget them all.
+ * The lock may have been taken by a thread that does not exist here. */
+static void after_fork_child(void)
+{
+    ipcc_fork_guard_reset();
+    ipcc_lock_reset();
+    for (size_t i = 0; layers && i < IPCC_LIFE_RESETS && layers->fork_child[i]; i++)
+        layers->fork_child[i]();
+    ipcc_stats_reset();
+}
+
+__attribute__((constructor)) static void watch_forks(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+/* ---- exit --------------------------------------------------------------- */
+
+/* Registered at the first IPC call, hence after cudart's own exit handler,
+ * hence run before it tears the driver down. If the driver is gone anyway,
+ * the closes fail quietly; it cannot be unmapped (driver.c pins it).
+ *
+ * exit() may come from a signal handler that interrupted this thread inside
+ * the table lock, the table half-updated: then the release is skipped, as
+ * when another thread keeps the lock. The driver unmaps everything when the
+ * process ends anyway; the release only hands memory back sooner. */
+static void at_exit(void)
+{
+    static int ran; /* registered twice after a fork during start() */
+    if (ran++)
+        return;
+    if (ipcc_config.stats_at_exit)
+        ipcc_stats_write_line();
+    if (!ipcc_lock_try())
+        return;
+    ipcc_unlock(); /* free now: the release takes it a batch at a time */
+    if (layers && layers->release_idle)
+        layers->release_idle(); /* both kinds */
+}
+
+/* ---- start -------------------------------------------------------------- */
+
+static void log_start(void)
+{
+    ipcc_log(IPCC_LOG_INFO,
+             "version %s active: max_idle_bytes=%llu max_idle_entries=%llu "
+             "stats_signal=%d stats_file=%s stats_at_exit=%d",
+             IPCC_VERSION, (unsigned long long)ipcc_config.max_idle_bytes,
+             (unsigned long long)ipcc_config.max_idle_entries, ipcc_config.stats_signal,
+             ipcc_config.stats_file[0] ? ipcc_config.stats_file : "(stderr)",
+             ipcc_config.stats_at_exit);
+}
+
+static void start(void)
+{
+    ipcc_config_load();
+    if (ipcc_config.disabled) {
+        ipcc_config_say_disabled();
+        return;
+    }
+    if (layers && layers->start && layers->start() < 0) {
+        ipcc_log(IPCC_LOG_WARN, "out of memory at start; passing calls through");
+        ipcc_config.disabled = 1;
+        return;
+    }
+    ipcc_stats_install_handler();
+    ipcc_atexit(at_exit);
+    log_start();
+}
+
+static _Atomic int started;
+
+/* Every intercepted call comes through here: one load once started. */
+void ipcc_lifecycle_start(void)
+{
+    if (__builtin_expect(atomic_load_explicit(&started, memory_order_acquire), 1))
+        return;
+    pthread_once(&start_once, start);
+    atomic_store_explicit(&started, 1, memory_order_release);
+}

@@ -1,0 +1,152 @@
+/*
+ * vmm_close.c - really releasing what the VMM table gave up: the orders a
+ * decision queued (a kept mapping in the app's way) or an eviction took
+ * (idle_budget.c: the one budget, out of memory, exit).
+ *
+ * Never under the lock: the table hands out its orders, the lock is dropped,
+ * then the driver is called. None of these calls needs a current context
+ * (measured), so no context is switched.
+ */
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "vmm.h"
+#include "budget.h"
+
+typedef CUresult (*range_fn)(CUdeviceptr, size_t);
+typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
+
+#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
+
+/* ---- unmaps under way -------------------------------------------------- */
+
+/*
+ * A kept chunk leaves the table under the lock and is unmapped after it (by
+ * the helper thread answering an exporter, by an eviction). Until then the
+ * driver still has it mapped, so an app's call on that range meanwhile, one
+ * the table no longer has a reason to answer, would get the driver's
+ * refusal: PyTorch's segment teardown frees the range right after its
+ * release, the moment an exporter's release makes the helper let go. Such
+ * unmaps are listed from when they are taken until done, and a call the
+ * table passes to the driver first waits for those in its range (never on
+ * anything of ours: only on the driver's unmap). Fixed slots, as for legacy
+ * closes (legacy_close.c): past them, the race above for the rest only.
+ */
+#define UNMAPPING_SLOTS 128
+static struct {
+    uint64_t addr, size;
+    int used;
+} unmapping[UNMAPPING_SLOTS];
+static _Atomic int unmappings; /* listed: none is the one-load fast path */
+
+/* Lock held: the ops' unmaps are under way from now on. */
+void ipcc_vmm_unmaps_taken(const struct ipcc_vmm_ops *ops)
+{
+    for (size_t i = 0, s = 0; i < ops->n; i++) {
+        if (ops->v[i].op != IPCC_VMM_UNMAP)
+            continue;
+        while (s < UNMAPPING_SLOTS && unmapping[s].used)
+            s++;
+        if (s == UNMAPPING_SLOTS)
+            return;
+        unmapping[s].addr = ops->v[i].addr;
+        unmapping[s].size = ops->v[i].size;
+        unmapping[s].used = 1;
+        atomic_fetch_add(&unmappings, 1);
+    }
+}
+
+static void unmap_done(uint64_t addr, uint64_t size)
+{
+    ipcc_lock();
+    for (int s = 0; s < UNMAPPING_SLOTS; s++) {
+        if (unmapping[s].used && unmapping[s].addr == addr && unmapping[s].size == size) {
+            unmapping[s].used = 0;
+            atomic_fetch_sub(&unmappings, 1);
+            break;
+        }
+    }
+    ipcc_unlock();
+}
+
+static int unmapping_in(uint64_t addr, uint64_t size)
+{
+    int busy = 0;
+    ipcc_lock();
+    for (int s = 0; s < UNMAPPING_SLOTS && !busy; s++)
+        busy = unmapping[s].used && unmapping[s].addr < addr + size &&
+               addr < unmapping[s].addr + unmapping[s].size;
+    ipcc_unlock();
+    return busy;
+}
+
+/* Before the app's call on [addr, addr+size) goes to the driver. */
+void ipcc_vmm_wait_unmaps_in(uint64_t addr, uint64_t size)
+{
+    while (atomic_load_explicit(&unmappings, memory_order_acquire) && unmapping_in(addr, size))
+        sched_yield();
+}
+
+/* Fork child: the unmaps under way were the parent's threads'. */
+void ipcc_vmm_unmaps_reset(void)
+{
+    memset(unmapping, 0, sizeof(unmapping));
+    atomic_store(&unmappings, 0);
+}
+
+/* The app's calls with this handle value are the driver's again. */
+static void release_done(uint64_t handle)
+{
+    ipcc_lock();
+    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    if (t)
+        ipcc_vmm_release_done(t, handle);
+    ipcc_unlock();
+}
+
+static void run_op(const struct ipcc_vmm_victim *v, int evicted)
+{
+    CUresult rc = CUDA_SUCCESS;
+    if (v->op == IPCC_VMM_UNMAP) {
+        range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_UNMAP);
+        rc = f ? f(v->addr, v->size) : NO_DRIVER;
+        unmap_done(v->addr, v->size);
+    } else if (v->op == IPCC_VMM_FREE) {
+        range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_FREE);
+        ipcc_vmm_wait_unmaps_in(v->addr, v->size); /* another thread's, taken earlier */
+        rc = f ? f(v->addr, v->size) : NO_DRIVER;
+    } else {
+        release_fn f = (release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE);
+        rc = f ? f(v->handle) : NO_DRIVER;
+        release_done(v->handle);
+        if (v->fd >= 0)
+            close(v->fd);
+        if (rc == CUDA_SUCCESS && evicted)
+            IPCC_COUNT(evictions);
+    }
+    if (rc != CUDA_SUCCESS)
+        ipcc_log(IPCC_LOG_DEBUG, "releasing a kept VMM resource failed: error %d", (int)rc);
+}
+
+/* Runs the table's orders and frees them: the unmaps first, then the
+ * address frees, then the releases. A free waits for the unmaps in its range
+ * that other threads took earlier (a kept chunk of a range still live then);
+ * its own are done by then, so no two threads wait on each other. */
+void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted)
+{
+    static const enum ipcc_vmm_op phases[] = { IPCC_VMM_UNMAP, IPCC_VMM_FREE, IPCC_VMM_RELEASE };
+    for (size_t p = 0; p < sizeof(phases) / sizeof(phases[0]); p++)
+        for (size_t i = 0; i < ops->n; i++)
+            if (ops->v[i].op == phases[p])
+                run_op(&ops->v[i], evicted);
+    if (ops->lost)
+        ipcc_log(IPCC_LOG_WARN, "out of memory; %zu kept VMM resources stay until exit",
+                 ops->lost);
+    free(ops->v);
+    ops->v = NULL;
+    ops->n = ops->cap = ops->lost = 0;
+}

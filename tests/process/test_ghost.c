@@ -1,0 +1,1114 @@
+/*
+ * test_ghost.c - an exporter's free gives its memory back although an
+ * importer cached an idle mapping of it (the release ledger).
+ *
+ * Exporters and importers are separate processes (tests/process/ghost_peer.c) under
+ * LD_PRELOAD, sharing a private per-user directory (XDG_RUNTIME_DIR) and the
+ * stand-in driver's book of "physical" memory (FAKECUDA_PHYS_DIR), which this
+ * program reads: an allocation's bytes stay there until its owner freed it
+ * and no live process maps it, as on a GPU.
+ *
+ * Frees wait up to IPCCACHE_RELEASE_WAIT_MS=20000 unless a test says
+ * otherwise: a free that had to wait for the bound would hit the test's own
+ * timeout, so the checks never depend on timing.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_cuda.h"
+#include "ledger.h"
+
+#define MIB (1ULL << 20)
+#define REPLY_LIMIT_MS 25000
+#define MAX_ENV 24
+
+static char build_dir[PATH_MAX];
+static char tmpdir[PATH_MAX];
+
+/* ---- the test's private directory ----------------------------------------- */
+
+static void remove_tree(const char *path)
+{
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", path);
+    cr_expect_eq(system(cmd), 0);
+}
+
+static void setup(void)
+{
+    const char *b = getenv("IPCC_TEST_BUILD");
+    if (!realpath(b && *b ? b : "build", build_dir))
+        cr_fatal("build folder: %s", strerror(errno));
+    const char *t = getenv("TMPDIR"); /* the run's own folder (tests/run.sh) */
+    snprintf(tmpdir, sizeof(tmpdir), "%s/ipcc-ghost-XXXXXX", t && *t ? t : "/tmp");
+    cr_assert_not_null(mkdtemp(tmpdir));
+    setenv("FAKECUDA_PHYS_DIR", tmpdir, 1);
+}
+
+/* Every process a test started, killed at its end even when it failed
+ * half-way (a stopped or waiting peer must not outlive it). */
+static pid_t started[32];
+static int nstarted;
+
+static void track(pid_t pid)
+{
+    if (nstarted < (int)(sizeof(started) / sizeof(started[0])))
+        started[nstarted++] = pid;
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < nstarted; i++) {
+        kill(started[i], SIGKILL);
+        waitpid(started[i], NULL, WNOHANG);
+    }
+    remove_tree(tmpdir);
+}
+
+TestSuite(ghost, .init = setup, .fini = teardown);
+
+static uint64_t phys(void)
+{
+    return fakecuda_phys_bytes();
+}
+
+/* ---- peers ------------------------------------------------------------------ */
+
+struct peer {
+    pid_t pid;
+    int in, out;
+    char line[512];
+};
+
+static char *format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *format(const char *fmt, ...)
+{
+    char *s;
+    va_list ap;
+    va_start(ap, fmt);
+    cr_assert_geq(vasprintf(&s, fmt, ap), 0);
+    va_end(ap);
+    return s;
+}
+
+/* The peer's environment: the library preloaded, the test's directory as
+ * the per-user one, then extra[] (which may override any of it). */
+static void build_env(char **env, const char *const *extra)
+{
+    const char *prefix = getenv("IPCC_TEST_PRELOAD_PREFIX");
+    static const char *const passed_on[] = { "ASAN_OPTIONS", "UBSAN_OPTIONS" };
+    int n = 0;
+    env[n++] = format("PATH=/usr/bin:/bin");
+    env[n++] = format("LD_LIBRARY_PATH=%s/tests", build_dir);
+    env[n++] = format("LD_PRELOAD=%s%s%s/libipccache.so", prefix && *prefix ? prefix : "",
+                      prefix && *prefix ? ":" : "", build_dir);
+    env[n++] = format("XDG_RUNTIME_DIR=%s", tmpdir);
+    env[n++] = format("FAKECUDA_PHYS_DIR=%s", tmpdir);
+    env[n++] = format("IPCCACHE_RELEASE_WAIT_MS=20000");
+    for (size_t i = 0; i < sizeof(passed_on) / sizeof(passed_on[0]); i++)
+        if (getenv(passed_on[i]))
+            env[n++] = format("%s=%s", passed_on[i], getenv(passed_on[i]));
+    for (; extra && *extra && n < MAX_ENV - 1; extra++) {
+        size_t klen = strcspn(*extra, "=") + 1;
+        int i = 0;
+        while (i < n && strncmp(env[i], *extra, klen) != 0)
+            i++;
+        if (i < n)
+            free(env[i]);
+        env[i] = format("%s", *extra);
+        n += i == n;
+    }
+    env[n] = NULL;
+}
+
+#define ENV(...) ((const char *const[]){ __VA_ARGS__, NULL })
+
+static int enter_join_ns(void);
+
+/* Starts a peer; its stderr goes to <tmpdir>/<name>.err. */
+static void start(struct peer *p, const char *name, const char *const *extra)
+{
+    char *env[MAX_ENV];
+    int in[2], out[2];
+    build_env(env, extra);
+    char *prog = format("%s/tests/ghost_peer", build_dir);
+    char *err = format("%s/%s.err", tmpdir, name);
+    cr_assert_eq(pipe2(in, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
+    int err_fd = open(err, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(err_fd, 0);
+    p->pid = fork();
+    cr_assert_geq(p->pid, 0);
+    if (p->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(err_fd, 2) < 0 ||
+            enter_join_ns() != 0)
+            _exit(126);
+        execve(prog, (char *const[]){ prog, NULL }, env);
+        _exit(127);
+    }
+    track(p->pid);
+    close(in[0]);
+    close(out[1]);
+    close(err_fd);
+    p->in = in[1];
+    p->out = out[0];
+    for (char **e = env; *e; e++)
+        free(*e);
+    free(prog);
+    free(err);
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+static const char *reply_to(struct peer *p, const char *cmd, int n);
+
+/* Sends one command and returns the one-line reply (without newline). */
+static const char *ask(struct peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *ask(struct peer *p, const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof(cmd) - 1, fmt, ap);
+    va_end(ap);
+    cmd[n++] = '\n';
+    cr_assert_eq(write(p->in, cmd, (size_t)n), n, "peer %d gone", (int)p->pid);
+    return reply_to(p, cmd, n);
+}
+
+/* The reply to cmd (n bytes, sent already). */
+static const char *reply_to(struct peer *p, const char *cmd, int n)
+{
+    size_t len = 0;
+    long long deadline = now_ms() + REPLY_LIMIT_MS;
+    while (len < sizeof(p->line) - 1) {
+        struct pollfd pfd = { p->out, POLLIN, 0 };
+        long long left = deadline - now_ms();
+        cr_assert(left > 0 && poll(&pfd, 1, (int)left) == 1, "no reply to %.*s", n - 1, cmd);
+        ssize_t r = read(p->out, p->line + len, 1);
+        cr_assert_eq(r, 1, "peer %d ended during %.*s", (int)p->pid, n - 1, cmd);
+        if (p->line[len] == '\n')
+            break;
+        len++;
+    }
+    p->line[len] = '\0';
+    return p->line;
+}
+
+/* A command that must succeed; returns the number after "ok". */
+static long long ok(struct peer *p, const char *reply)
+{
+    cr_assert(strncmp(reply, "ok ", 3) == 0, "peer %d replied \"%s\"", (int)p->pid, reply);
+    return strtoll(reply + 3, NULL, 10);
+}
+
+/* The usual cast: one exporter (with exporter_env) and one importer. */
+static void start_pair(struct peer *exp, struct peer *imp, const char *const *exporter_env)
+{
+    start(exp, "exporter", exporter_env);
+    start(imp, "importer", NULL);
+}
+
+/* An exported allocation: its index in the exporter and its handle. */
+struct exported {
+    int idx;
+    char hex[2 * CU_IPC_HANDLE_SIZE + 1];
+};
+
+static struct exported export(struct peer *p, uint64_t bytes)
+{
+    struct exported e;
+    const char *r = ask(p, "alloc %llu", (unsigned long long)bytes);
+    cr_assert_eq(sscanf(r, "ok %d %128s", &e.idx, e.hex), 2, "alloc replied \"%s\"", r);
+    return e;
+}
+
+/* Opens (and with close, closes again: cached, idle); the importer's index. */
+static int import(struct peer *p, const struct exported *e, int close)
+{
+    int idx = (int)ok(p, ask(p, "open %s", e->hex));
+    if (close)
+        cr_assert_eq(ok(p, ask(p, "close %d", idx)), CUDA_SUCCESS);
+    return idx;
+}
+
+static void free_exported(struct peer *p, const struct exported *e)
+{
+    cr_assert_eq(ok(p, ask(p, "free %d", e->idx)), CUDA_SUCCESS);
+}
+
+static int finish(struct peer *p)
+{
+    int status;
+    cr_assert_eq(write(p->in, "exit\n", 5), 5);
+    close(p->in);
+    close(p->out);
+    waitpid(p->pid, &status, 0);
+    return status;
+}
+
+static void kill_peer(struct peer *p)
+{
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    close(p->in);
+    close(p->out);
+}
+
+/* What a peer wrote on stderr. */
+static char *stderr_of(const char *name, char *buf, size_t cap)
+{
+    char *path = format("%s/%s.err", tmpdir, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, cap - 1) : -1;
+    buf[n > 0 ? n : 0] = '\0';
+    if (fd >= 0)
+        close(fd);
+    free(path);
+    return buf;
+}
+
+/* Polls the book until it shows want bytes; for what happens on another
+ * process's schedule (a resumed importer, the helper's periodic check). The
+ * limit only stops a test that would otherwise hang. */
+static uint64_t phys_settles_at(uint64_t want)
+{
+    long long deadline = now_ms() + 20000;
+    while (phys() != want && now_ms() < deadline)
+        usleep(10000);
+    return phys();
+}
+
+/* As when some exporter found the ledger's table of handles full: importers
+ * of handles it does not know then listen to every exporter. With forget,
+ * the handles listed so far are dropped too. */
+/* The peers' ledger, mapped shared (writable for the cases that plant state). */
+static struct ipcc_ledger_file *map_ledger(int writable)
+{
+    char *path = format("%s/ipccache/" IPCC_LEDGER_NAME, tmpdir);
+    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "no ledger at %s", path);
+    struct ipcc_ledger_file *f = mmap(NULL, sizeof(*f), PROT_READ | (writable ? PROT_WRITE : 0),
+                                      MAP_SHARED, fd, 0);
+    cr_assert_neq(f, MAP_FAILED);
+    close(fd);
+    free(path);
+    return f;
+}
+
+static void mark_unpublished(int forget)
+{
+    struct ipcc_ledger_file *f = map_ledger(1);
+    atomic_store(&f->unpublished, 1);
+    for (int i = 0; forget && i < IPCC_LEDGER_EXPORTS; i++)
+        atomic_store(&f->exports[i].pid, 0);
+    munmap(f, sizeof(*f));
+}
+
+static int threads_of(pid_t pid)
+{
+    char *path = format("/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    int n = 0;
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    free(path);
+    return n;
+}
+
+/* ---- the outcomes --------------------------------------------------------- */
+
+Test(ghost, idle_importer_lets_go_before_the_free_returns, .timeout = 40)
+{
+    /* An importer's idle cached mapping is closed before the exporter's free returns, so the bytes come back. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    struct exported e = export(&exp, 64 * MIB);
+    import(&imp, &e, 1);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the importer's idle mapping still pins the memory");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
+    char stats[4096];
+    char *path = format("%s/importer.stats", tmpdir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    cr_assert_not_null(fgets(stats, sizeof(stats), f));
+    fclose(f);
+    free(path);
+    cr_assert_not_null(strstr(stats, "\"releases_on_request\":1,"), "%s", stats);
+    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":0,"), "%s", stats);
+}
+
+Test(ghost, live_importer_keeps_the_memory_until_its_close, .timeout = 40)
+{
+    /* A mapping still in use keeps the memory, as without the cache, and its close really unmaps it. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 64 * MIB);
+    int idx = import(&imp, &e, 0);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "close %d", idx)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "the close after the free left the mapping cached");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, two_importers_both_let_go, .timeout = 40)
+{
+    /* Every importer holding the allocation idle closes it before the free returns. */
+    struct peer exp, a, b;
+    start(&exp, "exporter", NULL);
+    start(&a, "importer_a", NULL);
+    start(&b, "importer_b", NULL);
+    struct exported e = export(&exp, 32 * MIB);
+    import(&a, &e, 1);
+    import(&b, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&a);
+    finish(&b);
+    finish(&exp);
+}
+
+Test(ghost, dead_importer_is_not_waited_for, .timeout = 15)
+{
+    /* A killed importer is skipped: the free returns at once (waiting the 60 s bound would time the test out). */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    kill_peer(&imp);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&exp);
+}
+
+Test(ghost, exporter_exit_releases_at_the_next_miss, .timeout = 40)
+{
+    /* When the exporter dies without freeing, the importer's next miss closes its idle mappings of it. */
+    struct peer exp, other, imp;
+    start(&exp, "exporter", NULL);
+    start(&other, "other", NULL);
+    start(&imp, "importer", NULL);
+    struct exported e = export(&exp, 64 * MIB), o = export(&other, MIB);
+    import(&imp, &e, 1);
+    kill_peer(&exp);
+    cr_assert(eq(u64, phys(), 65 * MIB));
+    import(&imp, &o, 1);
+    cr_assert(eq(u64, phys(), MIB), "the dead exporter's memory is still mapped");
+    finish(&imp);
+    finish(&other);
+}
+
+Test(ghost, exporter_exit_releases_from_the_helper, .timeout = 40)
+{
+    /* Without any further miss, the importer's helper thread notices the dead exporter on its own. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 64 * MIB);
+    import(&imp, &e, 1);
+    kill_peer(&exp);
+    cr_assert(eq(u64, phys_settles_at(0), 0));
+    finish(&imp);
+}
+
+Test(ghost, no_ledger_frees_as_before, .timeout = 40)
+{
+    /* Without a usable per-user directory the free works as without the ledger and the idle mapping stays. */
+    char *blocker = format("%s/ipccache", tmpdir);
+    int fd = open(blocker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    int idx = import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 16 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1);
+    finish(&imp);
+    cr_assert(eq(u64, phys(), 0), "the importer's exit gives it back");
+    finish(&exp);
+    free(blocker);
+}
+
+Test(ghost, refused_ledger_is_not_used, .timeout = 40)
+{
+    /* A ledger file with the wrong mode is refused with one warning, and frees work as before. */
+    char *dir = format("%s/ipccache", tmpdir);
+    char *file = format("%s/" IPCC_LEDGER_NAME, dir);
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fchmod(fd, 0644), 0);
+    close(fd);
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 16 * MIB));
+    finish(&imp);
+    finish(&exp);
+    char err[2048];
+    cr_assert_not_null(strstr(stderr_of("exporter", err, sizeof(err)),
+                              "ipccache: warning: release ledger " IPCC_LEDGER_NAME " refused "
+                              "(mode is not 0600)"), "%s", err);
+    free(dir);
+    free(file);
+}
+
+Test(ghost, stopped_importer_is_waited_for_only_up_to_the_bound, .timeout = 40)
+{
+    /* A stopped importer delays the free by the bound at most; resumed, it still lets go. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("IPCCACHE_RELEASE_WAIT_MS=200"));
+    struct exported e = export(&exp, 64 * MIB);
+    import(&imp, &e, 1);
+    int status;
+    kill(imp.pid, SIGSTOP);
+    cr_assert_eq(waitpid(imp.pid, &status, WUNTRACED), imp.pid); /* all its threads stopped */
+    int stopped = WIFSTOPPED(status);
+    cr_assert(stopped);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    kill(imp.pid, SIGCONT);
+    cr_assert(eq(u64, phys_settles_at(0), 0), "the resumed importer did not let go");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, fork_child_of_exporter_frees_nothing_of_the_parent, .timeout = 40)
+{
+    /* A fork child's free of its copy does not release the importers' mappings; the parent's free does. */
+    struct peer exp, bare, imp;
+    start(&exp, "exporter", NULL);
+    start(&bare, "bare", ENV("LD_PRELOAD="));
+    start(&imp, "importer", NULL);
+    struct exported e = export(&exp, 16 * MIB), u = export(&bare, MIB);
+    int idx = import(&imp, &e, 1);
+    mark_unpublished(0);
+    import(&imp, &u, 1); /* of an exporter the ledger does not know: every free rings the importer */
+    cr_assert_eq(ok(&exp, ask(&exp, "fork_free %d", e.idx)), 0);
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "the child's free emptied the cache");
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), MIB));
+    finish(&imp);
+    finish(&exp);
+    finish(&bare);
+}
+
+Test(ghost, fork_child_of_importer_answers_for_itself, .timeout = 40)
+{
+    /* An importer's fork child that caches a mapping of its own registers and lets go on its own. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported a = export(&exp, 16 * MIB), b = export(&exp, 32 * MIB);
+    import(&imp, &a, 1);
+    pid_t child = (pid_t)ok(&imp, ask(&imp, "fork_hold %s", b.hex));
+    track(child);
+    cr_assert(eq(u64, phys(), 48 * MIB));
+    free_exported(&exp, &b);
+    cr_assert(eq(u64, phys(), 16 * MIB), "the child's idle mapping still pins the memory");
+    free_exported(&exp, &a);
+    cr_assert(eq(u64, phys(), 0));
+    kill(child, SIGKILL);
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, many_exporters_one_importer, .timeout = 60)
+{
+    /* One importer holding idle mappings of eight exporters lets go of each one's as that one frees. */
+    enum { N = 8 };
+    struct peer exp[N], imp;
+    struct exported e[N];
+    start(&imp, "importer", NULL);
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "exporter%d", i);
+        start(&exp[i], name, NULL);
+        e[i] = export(&exp[i], 8 * MIB);
+        import(&imp, &e[i], 1);
+    }
+    cr_assert(eq(u64, phys(), N * 8 * MIB));
+    for (int i = 0; i < N; i++) {
+        free_exported(&exp[i], &e[i]);
+        cr_assert(eq(u64, phys(), (uint64_t)(N - 1 - i) * 8 * MIB), "after exporter %d", i);
+    }
+    finish(&imp);
+    for (int i = 0; i < N; i++)
+        finish(&exp[i]);
+}
+
+Test(ghost, unexported_free_is_untouched, .timeout = 40)
+{
+    /* An exporter's frees of memory it never exported go straight to the driver and give the bytes back. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 8 * MIB);
+    import(&imp, &e, 1);
+    int plain = (int)ok(&exp, ask(&exp, "alloc_plain %llu", 4 * MIB));
+    cr_assert_eq(ok(&exp, ask(&exp, "free %d", plain)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 8 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "refs 0")), 1, "an unrelated free closed the cached mapping");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, helper_closes_during_a_global_graph_capture, .timeout = 40)
+{
+    /* While a thread of the importer captures a CUDA graph in global mode, the helper's closes still succeed. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("FAKECUDA_GLOBAL_CAPTURE=1"));
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the helper's close was refused during the capture");
+    kill_peer(&imp); /* its exit-time closes would be refused too: not this test's business */
+    finish(&exp);
+}
+
+Test(ghost, unlisted_handle_is_released_after_an_overflow, .timeout = 40)
+{
+    /* When the ledger could not list every exported handle, an importer of an unlisted one still lets go at its free. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    mark_unpublished(1);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the importer of an unlisted handle was not asked");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, helper_thread_only_for_exporters_with_the_library, .timeout = 40)
+{
+    /* An importer of memory whose exporter runs without the library starts no thread; one with it gets its helper. */
+    struct peer bare, exp, imp;
+    start(&bare, "bare", ENV("LD_PRELOAD="));
+    start_pair(&exp, &imp, NULL);
+    struct exported u = export(&bare, MIB), e = export(&exp, MIB);
+    import(&imp, &u, 1);
+    cr_assert_eq(threads_of(imp.pid), 1);
+    import(&imp, &e, 1);
+    cr_assert_eq(threads_of(imp.pid), 2);
+    finish(&imp);
+    finish(&exp);
+    finish(&bare);
+}
+
+Test(ghost, export_of_an_inner_pointer_lets_go_at_the_allocations_free, .timeout = 40)
+{
+    /* A handle exported from a pointer inside an allocation is released when the allocation (its base) is freed. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e;
+    const char *r = ask(&exp, "alloc_inner %llu %llu", 16 * MIB, MIB);
+    cr_assert_eq(sscanf(r, "ok %d %128s", &e.idx, e.hex), 2, "alloc_inner replied \"%s\"", r);
+    import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the free of the base did not reach the importer");
+    finish(&imp);
+    finish(&exp);
+}
+
+/* The free must not wait for an importer that cannot answer: with a bound
+ * of a minute, a wait would outlast the test's own timeout. */
+static void start_pair_unwaited(struct peer *exp, struct peer *imp)
+{
+    start(exp, "exporter", ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    start(imp, "importer", ENV("IPCCACHE_LOG=info"));
+}
+
+Test(ghost, exec_importer_is_not_waited_for, .timeout = 15)
+{
+    /* An importer that exec()s keeps its pid and start time but loses its helper thread: the exporter's frees do not wait for it. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct exported a = export(&exp, 16 * MIB), b = export(&exp, 16 * MIB);
+    import(&imp, &a, 1);
+    import(&imp, &b, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "exec")), 0);
+    free_exported(&exp, &a);
+    free_exported(&exp, &b);
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, exec_importers_slot_is_taken_over, .timeout = 15)
+{
+    /* The slot an exec()ed importer left is free for others: with the 63 others held, a new importer still gets one and lets go. */
+    struct peer exp, old, imp;
+    start(&exp, "exporter", ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    start(&old, "old", NULL);
+    struct exported a = export(&exp, 16 * MIB), b = export(&exp, 8 * MIB);
+    import(&old, &a, 1);
+    struct ipcc_ledger_file *f = map_ledger(1);
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        if (atomic_load(&f->importers[i].pid) == 0)
+            atomic_store(&f->importers[i].pid, getpid()); /* alive, watching nobody */
+    cr_assert_eq(ok(&old, ask(&old, "exec")), 0);
+    start(&imp, "importer", NULL);
+    import(&imp, &b, 1);
+    free_exported(&exp, &b);
+    cr_assert(eq(u64, phys(), 16 * MIB), "the new importer found no slot");
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        if (atomic_load(&f->importers[i].pid) == getpid())
+            atomic_store(&f->importers[i].pid, 0);
+    munmap(f, sizeof(*f));
+    finish(&imp);
+    finish(&old);
+    finish(&exp);
+}
+
+Test(ghost, importer_without_a_helper_thread_is_as_without_the_ledger, .timeout = 15)
+{
+    /* When the helper thread cannot be created (a pids limit), the importer gives its slot back (one of 64) and asks no exporter to ring it: frees do not wait, and its caps alone bound what it keeps. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct exported e = export(&exp, 16 * MIB);
+    cr_assert_eq(ok(&imp, ask(&imp, "deny_threads")), 0);
+    int idx = import(&imp, &e, 1);
+    struct ipcc_ledger_file *f = map_ledger(0);
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        cr_assert_neq(atomic_load(&f->importers[i].pid), imp.pid, "it holds slot %d in vain", i);
+    munmap(f, sizeof(*f));
+    free_exported(&exp, &e);
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "kept, as without the ledger");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert(eq(u64, phys(), 0), "the importer's exit gives it back");
+    finish(&exp);
+    char err[4096];
+    cr_assert_not_null(strstr(stderr_of("importer", err, sizeof(err)),
+                              "ipccache: cannot start the release helper thread"), "%s", err);
+}
+
+Test(ghost, importer_beyond_the_slots_is_as_without_the_ledger, .timeout = 15)
+{
+    /* With all 64 importer slots held by live processes, one more importer says so once and is as without the ledger: frees do not wait for it. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct exported e = export(&exp, 16 * MIB);
+    struct ipcc_ledger_file *f = map_ledger(1);
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        atomic_store(&f->importers[i].pid, getpid());
+    int idx = import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "kept, as without the ledger");
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        atomic_store(&f->importers[i].pid, 0);
+    munmap(f, sizeof(*f));
+    finish(&imp);
+    finish(&exp);
+    char err[4096];
+    cr_assert_not_null(strstr(stderr_of("importer", err, sizeof(err)),
+                              "ipccache: release ledger: all 64 importer slots are held"),
+                       "%s", err);
+}
+
+/* Peers started from now on join the namespaces of this process (0: none). */
+static pid_t join_ns;
+
+/* In start()'s child, before exec: joins join_ns's user and mount
+ * namespaces (a fork child is single-threaded, as setns wants). */
+static int enter_join_ns(void)
+{
+    char user[64], mnt[64];
+    if (!join_ns)
+        return 0;
+    snprintf(user, sizeof(user), "/proc/%d/ns/user", (int)join_ns);
+    snprintf(mnt, sizeof(mnt), "/proc/%d/ns/mnt", (int)join_ns);
+    int u = open(user, O_RDONLY | O_CLOEXEC), m = open(mnt, O_RDONLY | O_CLOEXEC);
+    return u < 0 || m < 0 || setns(u, CLONE_NEWUSER) != 0 || setns(m, CLONE_NEWNS) != 0 ? -1 : 0;
+}
+
+static int write_text(const char *file, const char *text)
+{
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    ssize_t n = (ssize_t)strlen(text);
+    int ok = fd >= 0 && write(fd, text, (size_t)n) == n;
+    if (fd >= 0)
+        close(fd);
+    return ok ? 0 : -1;
+}
+
+/* The holder: a private user and mount namespace with a full tmpfs of one
+ * page at dir; stays until killed. 0 on the pipe when ready, else errno. */
+static void hold_full_tmpfs(const char *dir, int ready)
+{
+    char uid[32], gid[32], opts[32];
+    snprintf(uid, sizeof(uid), "%d %d 1", (int)getuid(), (int)getuid());
+    snprintf(gid, sizeof(gid), "%d %d 1", (int)getgid(), (int)getgid());
+    snprintf(opts, sizeof(opts), "size=%d,mode=0700", (int)sysconf(_SC_PAGESIZE));
+    int err = 0;
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0 ||
+        write_text("/proc/self/setgroups", "deny") != 0 ||
+        write_text("/proc/self/uid_map", uid) != 0 || write_text("/proc/self/gid_map", gid) != 0 ||
+        mount("none", dir, "tmpfs", 0, opts) != 0)
+        err = errno;
+    char filler[PATH_MAX];
+    snprintf(filler, sizeof(filler), "%s/filler", dir);
+    int fd = err ? -1 : open(filler, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    static const char block[4096];
+    while (fd >= 0 && write(fd, block, sizeof(block)) > 0)
+        ;
+    unsigned char answer = (unsigned char)(err ? err : fd < 0 ? EIO : 0);
+    if (write(ready, &answer, 1) != 1 || answer)
+        _exit(1);
+    for (;;)
+        pause();
+}
+
+/* A full file system at dir that the next peers see; an errno when this
+ * machine allows no private namespace. */
+static int full_tmpfs_for_peers(const char *dir)
+{
+    int ready[2];
+    unsigned char answer = EIO;
+    cr_assert_eq(pipe2(ready, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        hold_full_tmpfs(dir, ready[1]);
+    }
+    track(pid);
+    close(ready[1]);
+    if (read(ready[0], &answer, 1) != 1)
+        answer = EIO;
+    close(ready[0]);
+    join_ns = answer ? 0 : pid;
+    return answer;
+}
+
+static int count_of(const char *haystack, const char *needle)
+{
+    int n = 0;
+    for (const char *p = haystack; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    return n;
+}
+
+Test(ghost, full_file_system_is_as_without_the_ledger, .timeout = 40)
+{
+    /* On a full per-user file system the ledger cannot get its blocks: one info line, no SIGBUS, and frees and caches work as without the ledger. */
+    char *full = format("%s/full", tmpdir);
+    cr_assert_eq(mkdir(full, 0700), 0);
+    int refused = full_tmpfs_for_peers(full);
+    if (refused)
+        cr_skip_test("cannot mount a small tmpfs in a private namespace here: %s",
+                     strerror(refused));
+    struct peer exp, imp;
+    const char *const env[] = { format("XDG_RUNTIME_DIR=%s", full), "IPCCACHE_LOG=info", NULL };
+    start(&exp, "exporter", env);
+    start(&imp, "importer", env);
+    struct exported e = export(&exp, 16 * MIB);
+    int idx = import(&imp, &e, 1);
+    free_exported(&exp, &e);
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "kept, as without the ledger");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
+    char err[4096];
+    const char *said = "ipccache: release ledger " IPCC_LEDGER_NAME " not used (No space";
+    cr_assert_eq(count_of(stderr_of("exporter", err, sizeof(err)), said), 1, "%s", err);
+    cr_assert_eq(count_of(stderr_of("importer", err, sizeof(err)), said), 1, "%s", err);
+    join_ns = 0;
+    free((char *)env[0]);
+    free(full);
+}
+
+/* ---- the VMM path (PyTorch's expandable segments) -------------------------- */
+
+/* An allocation exported to an fd: its index in the exporter, where to take the fd from. */
+struct vmm_exported {
+    int idx, pid, fd;
+    uint64_t bytes;
+};
+
+static struct vmm_exported vmm_export(struct peer *p, uint64_t bytes)
+{
+    struct vmm_exported e = { .bytes = bytes };
+    const char *r = ask(p, "vmm_alloc %llu", (unsigned long long)bytes);
+    cr_assert_eq(sscanf(r, "ok %d %d %d", &e.idx, &e.pid, &e.fd), 3, "vmm_alloc replied \"%s\"", r);
+    return e;
+}
+
+/* The consumer's rebuild (and with close, its release: cached, idle); its index. */
+static int vmm_import(struct peer *p, const struct vmm_exported *e, int close)
+{
+    int idx = (int)ok(p, ask(p, "vmm_open %d %d %llu", e->pid, e->fd,
+                             (unsigned long long)e->bytes));
+    if (close)
+        cr_assert_eq(ok(p, ask(p, "vmm_close %d", idx)), CUDA_SUCCESS);
+    return idx;
+}
+
+static void vmm_release(struct peer *p, const struct vmm_exported *e)
+{
+    cr_assert_eq(ok(p, ask(p, "vmm_release %d", e->idx)), CUDA_SUCCESS);
+}
+
+/* The stats line a peer wrote at exit to <tmpdir>/<name>.stats. */
+static char *stats_of(const char *name, char *buf, size_t cap)
+{
+    char *path = format("%s/%s.stats", tmpdir, name);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no stats at %s", path);
+    cr_assert_not_null(fgets(buf, (int)cap, f));
+    fclose(f);
+    free(path);
+    return buf;
+}
+
+Test(ghost, vmm_idle_import_lets_go_before_the_release_returns, .timeout = 40)
+{
+    /* An importer's idle cached import, reservation and mapping are released before the exporter's cuMemRelease returns. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    vmm_import(&imp, &e, 1);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    cr_assert_eq(threads_of(imp.pid), 2, "no helper thread answers for the importer");
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the importer's idle import still pins the memory");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
+    char stats[4096];
+    stats_of("importer", stats, sizeof(stats));
+    cr_assert_not_null(strstr(stats, "\"releases_on_request\":1,"), "%s", stats);
+    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":0,"), "%s", stats);
+}
+
+Test(ghost, vmm_idle_import_is_still_a_hit_before_the_release, .timeout = 40)
+{
+    /* Until the exporter releases, the importer's second rebuild of the export is served from the cache. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    struct vmm_exported e = vmm_export(&exp, 8 * MIB);
+    vmm_import(&imp, &e, 1);
+    vmm_import(&imp, &e, 1);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
+    char stats[4096];
+    stats_of("importer", stats, sizeof(stats));
+    cr_assert_not_null(strstr(stats, "\"vmm_import_hits\":1,"), "%s", stats);
+}
+
+Test(ghost, vmm_live_import_keeps_the_memory_until_its_release, .timeout = 40)
+{
+    /* An import the consumer still maps keeps the memory, as without the cache; its own release then really gives it back. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    int idx = vmm_import(&imp, &e, 0);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "vmm_close %d", idx)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "the release after the exporter's kept the import cached");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, vmm_release_during_the_importers_teardown_leaves_its_free_working, .timeout = 40)
+{
+    /* The exporter releases while the importer tears its segment down (unmap, release, then address free: PyTorch's order) and the helper's unmap of the kept chunk is slow: the importer's address free in that unmap still succeeds, as without the library. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("FAKECUDA_VMM_SLOW_UNMAP_MS=300"));
+    struct vmm_exported e = vmm_export(&exp, 8 * MIB);
+    int idx = vmm_import(&imp, &e, 0);
+    cr_assert_eq(ok(&imp, ask(&imp, "vmm_drop %d", idx)), CUDA_SUCCESS);
+    char cmd[64];
+    int n = snprintf(cmd, sizeof(cmd), "vmm_release %d\n", e.idx);
+    cr_assert_eq(write(exp.in, cmd, (size_t)n), n); /* its reply comes after the helper's */
+    cr_assert(eq(llong, ok(&imp, ask(&imp, "vmm_free_in_unmap %d", idx)), CUDA_SUCCESS),
+              "the importer's cuMemAddressFree during the helper's unmap");
+    cr_assert_eq(ok(&exp, reply_to(&exp, cmd, n - 1)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0));
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
+}
+
+Test(ghost, vmm_live_import_is_counted_in_ghost_bytes, .timeout = 40)
+{
+    /* An import still mapped when its exporter releases is in the stats line's ghost_bytes. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    vmm_import(&imp, &e, 0);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
+    char stats[4096];
+    stats_of("importer", stats, sizeof(stats));
+    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":67108864,"), "%s", stats);
+}
+
+Test(ghost, vmm_exporter_without_the_library_keeps_as_before, .timeout = 40)
+{
+    /* An exporter without the library lists nothing: no helper thread, and the idle import stays until the importer exits, as before. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("LD_PRELOAD="));
+    struct vmm_exported e = vmm_export(&exp, 16 * MIB);
+    vmm_import(&imp, &e, 1);
+    cr_assert_eq(threads_of(imp.pid), 1);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 16 * MIB));
+    finish(&imp);
+    cr_assert(eq(u64, phys(), 0), "the importer's exit gives it back");
+    finish(&exp);
+}
+
+Test(ghost, vmm_refused_kcmp_across_processes_keeps_as_before, .timeout = 40)
+{
+    /* Where the importer may not compare the exporter's files, its idle import stays cached, as before. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    cr_assert_eq(ok(&imp, ask(&imp, "deny_cross_kcmp")), 0);
+    struct vmm_exported e = vmm_export(&exp, 16 * MIB);
+    vmm_import(&imp, &e, 1);
+    vmm_import(&imp, &e, 1); /* kcmp on its own files works: still cached */
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 16 * MIB));
+    finish(&imp);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&exp);
+}
+
+Test(ghost, vmm_dead_importer_is_not_waited_for, .timeout = 15)
+{
+    /* A killed importer is skipped: the release returns at once (waiting the 60 s bound would time the test out). */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    struct vmm_exported e = vmm_export(&exp, 16 * MIB);
+    vmm_import(&imp, &e, 1);
+    kill_peer(&imp);
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&exp);
+}
+
+Test(ghost, vmm_exec_importer_is_not_waited_for, .timeout = 15)
+{
+    /* On the VMM path too, an importer that exec()ed (its helper gone, its slot kept) is not waited for, chunk after chunk. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct vmm_exported a = vmm_export(&exp, 16 * MIB), b = vmm_export(&exp, 16 * MIB);
+    vmm_import(&imp, &a, 1);
+    vmm_import(&imp, &b, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "exec")), 0);
+    vmm_release(&exp, &a);
+    vmm_release(&exp, &b);
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, vmm_exporter_exit_releases_from_the_helper, .timeout = 40)
+{
+    /* When the exporter dies, the importer's helper thread releases its idle imports of it on its own. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    vmm_import(&imp, &e, 1);
+    kill_peer(&exp);
+    cr_assert(eq(u64, phys_settles_at(0), 0));
+    finish(&imp);
+}
+
+Test(ghost, vmm_each_export_is_told_apart, .timeout = 60)
+{
+    /* Imports of several exports, in and against export order, each go exactly when their own export is released. */
+    enum { N = 4 };
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct vmm_exported e[N];
+    for (int i = 0; i < N; i++)
+        e[i] = vmm_export(&exp, (uint64_t)(i + 1) * 2 * MIB);
+    static const int imported[N] = { 3, 2, 0, 1 }; /* the next export's fd is tried first */
+    for (int k = 0; k < N; k++)
+        vmm_import(&imp, &e[imported[k]], 1);
+    uint64_t left = 20 * MIB;
+    cr_assert(eq(u64, phys(), left));
+    static const int order[N] = { 2, 0, 3, 1 };
+    for (int k = 0; k < N; k++) {
+        vmm_release(&exp, &e[order[k]]);
+        left -= e[order[k]].bytes;
+        cr_assert(eq(u64, phys(), left), "after releasing export %d", order[k]);
+    }
+    finish(&imp);
+    finish(&exp);
+}
+
+/* How many of the ledger's export entries name pid. */
+static int ledger_entries_of(pid_t pid)
+{
+    struct ipcc_ledger_file *f = map_ledger(0);
+    int n = 0;
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+        n += atomic_load(&f->exports[i].pid) == pid;
+    munmap(f, sizeof(*f));
+    return n;
+}
+
+Test(ghost, vmm_import_miss_frees_a_killed_exporters_entries, .timeout = 40)
+{
+    /* An exporter killed with its exports listed: the next import miss that scans the ledger frees their entries, so later scans skip them. */
+    struct peer killed, exp, imp;
+    start(&killed, "killed", NULL);
+    for (int i = 0; i < 3; i++)
+        vmm_export(&killed, 2 * MIB);
+    pid_t gone = killed.pid;
+    cr_assert_eq(ledger_entries_of(gone), 3);
+    kill_peer(&killed);
+    start(&exp, "exporter", ENV("IPCCACHE_DISABLE=1")); /* lists nothing: the scan covers every entry */
+    start(&imp, "importer", NULL);
+    struct vmm_exported e = vmm_export(&exp, 2 * MIB);
+    vmm_import(&imp, &e, 1);
+    cr_assert_eq(ledger_entries_of(gone), 0, "the killed exporter's entries are still listed");
+    finish(&imp);
+    finish(&exp);
+}

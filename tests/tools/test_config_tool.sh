@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+#
+# test_config_tool.sh - ipccache-config (the library's settings parser as a
+# command) and ipccache-run's use of it: the variables already in the
+# environment are checked like options, with the library's own grammar.
+# Needs build/ipccache-config (make test-sanitize builds it too).
+
+set -u
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=tests/tap.sh
+. "$root/tests/tap.sh"
+
+tap_setup config
+config=$root/build/ipccache-config
+run_tool=$root/tools/ipccache-run
+TAP_SHOW="$tmp/out $tmp/err"
+
+# Runs "$@" with output in $tmp/out, $tmp/err and the status in $rc.
+rc=0
+capture() { "$@" >"$tmp/out" 2>"$tmp/err"; rc=$?; }
+rc_is() { [[ $rc == "$1" ]]; }
+err_is() { [[ $(cat "$tmp/err") == "$1" ]]; }
+
+if [[ ! -x $config ]]; then
+    not_ok "ipccache-config is built ($config)"
+    tap_summary config
+    exit
+fi
+
+capture "$config" --check
+check "config: an empty environment is fine" eval 'rc_is 0 && err_is ""'
+capture env IPCCACHE_MAX_IDLE_BYTES=banana "$config" --check
+check "config: a bad value warns like the library and exits 0" eval 'rc_is 0 && err_is \
+"ipccache: warning: IPCCACHE_MAX_IDLE_BYTES=\"banana\" is invalid: expected a size such as 8G, 512M or 1048576; using the default (8G)"'
+capture env IPCCACHE_MAX_IDLE_BYTE=1G "$config" --check
+check "config: a misspelled variable is one warning naming the setting" eval 'rc_is 0 && err_is \
+"ipccache: warning: IPCCACHE_MAX_IDLE_BYTE is not a setting (did you mean IPCCACHE_MAX_IDLE_BYTES?); ignored"'
+capture env IPCCACHE_LIB=/x IPCCACHE_STATS_LIBNAME=y "$config" --check
+check "config: the tools' own variables are not misspellings" eval 'rc_is 0 && err_is ""'
+capture env IPCCACHE_STRICT=1 IPCCACHE_LOG=bogus "$config" --check
+check "config: strict: exit 78 with the library's error" eval 'rc_is 78 && err_is \
+"ipccache: error: IPCCACHE_LOG=\"bogus\" is invalid: expected one of error, warn, info, debug (IPCCACHE_STRICT is on)"'
+capture "$config" --check-value IPCCACHE_STATS_SIGNAL RTMIN+2
+check "config: --check-value accepts a good value" rc_is 0
+capture "$config" --check-value IPCCACHE_STATS_SIGNAL TERM
+check "config: --check-value refuses a bad one (1)" rc_is 1
+capture "$config" --check-value IPCCACHE_NOPE 1
+check "config: --check-value: unknown name (2)" rc_is 2
+capture "$config" --list
+check "config: --list names every setting once" \
+    eval '[[ $(cut -f1 "$tmp/out" | sort -u | grep -c "^IPCCACHE_") == $(wc -l <"$tmp/out") ]]'
+capture "$config" --bogus
+check "config: usage error exits 2" rc_is 2
+
+# ipccache-run: a harmless library to preload.
+so=$root/build/tests/libcuda.so.1
+if [[ -f $so ]]; then
+    capture env IPCCACHE_MAX_IDLE_BYTES=banana "$run_tool" --lib "$so" --strict /bin/true
+    check "run: --strict: a bad inherited variable exits 78" eval 'rc_is 78 && grep -q \
+"^ipccache: error: IPCCACHE_MAX_IDLE_BYTES=\"banana\" is invalid" "$tmp/err"'
+    capture env IPCCACHE_STRICT=yes IPCCACHE_STATS_DIR=relative "$run_tool" --lib "$so" /bin/true
+    check "run: IPCCACHE_STRICT in the environment counts too" rc_is 78
+    capture env IPCCACHE_MAX_IDLE_BYTES=banana "$run_tool" --lib "$so" /bin/echo hi
+    check "run: without strict, a bad inherited value is left to the library (said once, there)" \
+        eval 'rc_is 0 && [[ $(cat "$tmp/out") == hi ]] && err_is ""'
+    capture env IPCCACHE_MAX_IDLE_BYTE=1G "$run_tool" --lib "$so" --strict /bin/true
+    check "run: --strict: a misspelled inherited variable exits 78" eval 'rc_is 78 && grep -q \
+"^ipccache: error: IPCCACHE_MAX_IDLE_BYTE is not a setting" "$tmp/err"'
+    capture "$run_tool" --lib "$so" --max-idle-bytes 12X /bin/true
+    check "run: a bad option names the option and the expected form" eval 'rc_is 2 && grep -q \
+"^ipccache-run: --max-idle-bytes: IPCCACHE_MAX_IDLE_BYTES=\"12X\" is invalid: expected a size" "$tmp/err"'
+else
+    skip "run: checks through ipccache-config" "no stand-in driver to preload ($so)"
+fi
+
+# With the library itself and a program that opens a handle: the one message.
+lib=$root/build/libipccache.so probe=$root/build/tests/probe
+if [[ -f $lib && -x $probe ]]; then
+    capture env LD_LIBRARY_PATH="$root/build/tests" IPCCACHE_MAX_IDLE_BYTES=banana \
+        "$run_tool" --lib "$lib" "$probe" openclose 3
+    check "run: a bad inherited value is said once, naming the default" eval 'rc_is 0 && \
+[[ $(wc -l <"$tmp/err") == 1 ]] && grep -q "using the default (8G)$" "$tmp/err"'
+else
+    skip "run: the library's one warning" "$lib or $probe is not built"
+fi
+
+tap_summary config

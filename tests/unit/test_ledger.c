@@ -1,0 +1,503 @@
+/*
+ * test_ledger.c - the release ledger alone: its file, process identities,
+ * exported handles, importer slots, and requests with their answers. No
+ * CUDA; importers are fork children of the test process, which share the
+ * ledger's mapping exactly as separate processes would.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "release_ledger.h"
+#include "ledger.h"
+
+#define FOREVER_NS (60ULL * 1000 * 1000 * 1000)
+
+static char dir[64];
+static char ledger_path[128];
+
+static void setup(void)
+{
+    const char *t = getenv("TMPDIR"); /* the run's own folder (tests/run.sh) */
+    if ((size_t)snprintf(dir, sizeof(dir), "%s/ipcc-ledger-XXXXXX", t && *t ? t : "/tmp") >= sizeof(dir))
+        strcpy(dir, "/tmp/ipcc-ledger-XXXXXX"); /* a long TMPDIR: the paths below must fit */
+    cr_assert_not_null(mkdtemp(dir));
+    setenv("XDG_RUNTIME_DIR", dir, 1);
+    snprintf(ledger_path, sizeof(ledger_path), "%s/ipccache/" IPCC_LEDGER_NAME, dir);
+}
+
+static void teardown(void)
+{
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* Refusals warn on stderr: captured, and checked. */
+static void setup_quiet(void)
+{
+    setup();
+    cr_redirect_stderr();
+}
+
+TestSuite(ledger, .init = setup, .fini = teardown);
+
+static void handle_of(unsigned char h[IPCC_HANDLE_BYTES], unsigned char tag)
+{
+    memset(h, 0, IPCC_HANDLE_BYTES);
+    h[0] = tag;
+    h[63] = (unsigned char)~tag; /* the last byte counts too */
+}
+
+/* Creates the per-user directory and a file in place of the ledger. */
+static void plant(void (*make)(const char *path))
+{
+    char sub[96];
+    snprintf(sub, sizeof(sub), "%s/ipccache", dir);
+    cr_assert_eq(mkdir(sub, 0700), 0);
+    make(ledger_path);
+}
+
+static void expect_refused(const char *why)
+{
+    cr_assert_eq(ipcc_ledger_ready(), 0);
+    cr_assert_eq(ipcc_ledger_release("x", 0), -1);
+    char buf[512] = { 0 };
+    fflush(stderr);
+    FILE *f = cr_get_redirected_stderr();
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    cr_assert_not_null(strstr(buf, why), "stderr: %s", buf);
+    cr_assert_not_null(strstr(buf, "ipccache: warning: release ledger"), "stderr: %s", buf);
+}
+
+/* ---- the file ------------------------------------------------------------- */
+
+Test(ledger, file_is_ours_0600_and_sized)
+{
+    /* The first use creates the ledger 0600 and of the layout's size, whatever the umask. */
+    char sub[96];
+    snprintf(sub, sizeof(sub), "%s/ipccache", dir);
+    cr_assert_eq(mkdir(sub, 0700), 0);
+    umask(0277); /* would leave the creator read-only */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct stat st;
+    cr_assert_eq(lstat(ledger_path, &st), 0);
+    cr_assert(S_ISREG(st.st_mode));
+    cr_assert_eq(st.st_mode & 07777, 0600);
+    cr_assert_eq((size_t)st.st_size, sizeof(struct ipcc_ledger_file));
+    cr_assert_eq(atomic_load(&ipcc_ledger_file()->magic), IPCC_LEDGER_MAGIC);
+}
+
+static void make_symlink(const char *path) { cr_assert_eq(symlink("/etc/passwd", path), 0); }
+static void make_fifo(const char *path) { cr_assert_eq(mkfifo(path, 0600), 0); }
+
+static void make_mode_0644(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fchmod(fd, 0644), 0);
+    close(fd);
+}
+
+static void make_wrong_size(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, 4096), 0);
+    close(fd);
+}
+
+static void make_foreign_magic(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    uint64_t other = 0x1234;
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, sizeof(struct ipcc_ledger_file)), 0);
+    cr_assert_eq(pwrite(fd, &other, sizeof(other), 0), (ssize_t)sizeof(other));
+    close(fd);
+}
+
+Test(ledger, symlink_is_refused, .init = setup_quiet)
+{
+    /* A link planted in place of the ledger is never followed. */
+    plant(make_symlink);
+    expect_refused("refused");
+}
+
+Test(ledger, fifo_is_refused_without_blocking, .init = setup_quiet, .timeout = 10)
+{
+    /* A FIFO in place of the ledger neither blocks the open nor is used. */
+    plant(make_fifo);
+    expect_refused("not a regular file");
+}
+
+Test(ledger, loose_mode_is_refused, .init = setup_quiet)
+{
+    /* A ledger others could read is refused. */
+    plant(make_mode_0644);
+    expect_refused("mode is not 0600");
+}
+
+Test(ledger, wrong_size_is_refused, .init = setup_quiet)
+{
+    /* A ledger of another layout's size is refused. */
+    plant(make_wrong_size);
+    expect_refused("wrong size");
+}
+
+Test(ledger, foreign_format_is_refused, .init = setup_quiet)
+{
+    /* A ledger stamped by another format is refused. */
+    plant(make_foreign_magic);
+    expect_refused("unknown format");
+}
+
+/* ---- processes -------------------------------------------------------------- */
+
+static pid_t reaped_child(void)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(0);
+    waitpid(pid, NULL, 0);
+    return pid;
+}
+
+Test(ledger, process_identity_needs_pid_and_start_time)
+{
+    /* A process is alive only with its own start time; an exited one is not. */
+    struct ipcc_proc me = ipcc_proc_self();
+    cr_assert_eq(me.pid, getpid());
+    cr_assert_neq(me.start, 0);
+    cr_assert(ipcc_proc_alive(me.pid, me.start));
+    cr_assert(ipcc_proc_alive(me.pid, 0));
+    cr_assert_not(ipcc_proc_alive(me.pid, me.start + 1));
+    cr_assert_not(ipcc_proc_alive(reaped_child(), 0));
+    cr_assert_eq(ipcc_proc_start(reaped_child()), 0);
+}
+
+Test(ledger, fork_child_is_another_process)
+{
+    /* The identity is recomputed in a fork child, which has its own pid. */
+    struct ipcc_proc parent = ipcc_proc_self();
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(ipcc_proc_self().pid == getpid() && ipcc_proc_self().pid != parent.pid ? 0 : 1);
+    int status;
+    waitpid(pid, &status, 0);
+    cr_assert_eq(status, 0);
+}
+
+/* ---- exported handles ------------------------------------------------------- */
+
+Test(ledger, exported_handle_names_its_exporter)
+{
+    /* A published handle names this process; unpublished or unknown ones name nobody. */
+    unsigned char a[IPCC_HANDLE_BYTES], b[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who;
+    handle_of(a, 1);
+    handle_of(b, 2);
+    cr_assert_eq(ipcc_ledger_publish(a), 0);
+    cr_assert_eq(ipcc_ledger_publish(a), 0);
+    cr_assert_eq(ipcc_ledger_owner(a, &who), 1);
+    cr_assert_eq(who.pid, getpid());
+    cr_assert_eq(who.start, ipcc_proc_self().start);
+    cr_assert_eq(ipcc_ledger_owner(b, &who), 0);
+    cr_assert_eq(ipcc_ledger_unpublished(), 0);
+    ipcc_ledger_unpublish(a);
+    cr_assert_eq(ipcc_ledger_owner(a, &who), 0);
+}
+
+Test(ledger, dead_exporters_entries_are_reused)
+{
+    /* Once every entry a handle may use is held, only a dead holder's entry can be taken. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    pid_t dead = reaped_child();
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+        atomic_store(&f->exports[i].pid, getppid());
+    unsigned char h[IPCC_HANDLE_BYTES];
+    handle_of(h, 3);
+    cr_assert_eq(ipcc_ledger_publish(h), -1, "took a live process's entry");
+    cr_assert_eq(ipcc_ledger_unpublished(), 1, "importers were not told to listen to everyone");
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+        atomic_store(&f->exports[i].pid, dead);
+    cr_assert_eq(ipcc_ledger_publish(h), 0);
+}
+
+/* What the VMM importer's match says of an entry: its owner gone (-1) when
+ * it is the dead pid, else no match. */
+static pid_t gone_pid;
+static int scans;
+
+static int gone_or_other(const struct ipcc_proc *owner, const void *handle, void *arg)
+{
+    (void)handle;
+    (void)arg;
+    scans++;
+    return owner->pid == gone_pid ? -1 : 0;
+}
+
+Test(ledger, scan_frees_entries_of_exporters_gone)
+{
+    /* An exporter killed before it could unlist its exports costs one scan, not every scan after it. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    gone_pid = reaped_child();
+    for (int i = 0; i < 100; i++) {
+        struct ipcc_ledger_export *e = &f->exports[i];
+        atomic_store(&e->pid, i % 2 ? gone_pid : getppid());
+        atomic_store(&e->ready, 1);
+    }
+    unsigned char tag[IPCC_HANDLE_BYTES];
+    struct ipcc_proc owner;
+    scans = 0;
+    cr_assert_eq(ipcc_ledger_find_export(gone_or_other, NULL, tag, &owner), 0);
+    cr_assert_eq(scans, 100);
+    scans = 0;
+    cr_assert_eq(ipcc_ledger_find_export(gone_or_other, NULL, tag, &owner), 0);
+    cr_assert_eq(scans, 50, "%d entries asked again", scans);
+    for (int i = 0; i < 100; i++)
+        cr_assert_eq(atomic_load(&f->exports[i].pid), i % 2 ? 0 : getppid());
+}
+
+Test(ledger, unlisted_vmm_tag_leaves_importers_as_they_are, .timeout = 10)
+{
+    /* A VMM export's tag the full table cannot take is not listed, and importers of legacy handles are not told to listen to everyone. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+        atomic_store(&f->exports[i].pid, getppid());
+    unsigned char h[IPCC_HANDLE_BYTES];
+    handle_of(h, 4);
+    cr_assert_eq(ipcc_ledger_publish_tag(h), -1, "took a live process's entry");
+    cr_assert_eq(ipcc_ledger_unpublished(), 0);
+}
+
+/* ---- importers and requests ---------------------------------------------- */
+
+/* In a fork child: an importer slot watching exporter, answering the first
+ * request that reaches it (when answer) or holding on until killed. */
+static pid_t importer(int32_t exporter, int answer)
+{
+    int ready[2];
+    cr_assert_eq(pipe(ready), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a failed test */
+        int slot = ipcc_ledger_register();
+        if (slot < 0)
+            _exit(2);
+        ipcc_ledger_helper_started(slot); /* this thread answers */
+        ipcc_ledger_watch(slot, exporter);
+        uint32_t rung = ipcc_ledger_doorbell(slot);
+        if (write(ready[1], "r", 1) != 1)
+            _exit(3);
+        struct ipcc_ledger_ask ask;
+        for (;;) {
+            if (answer && ipcc_ledger_next_ask(slot, 0, &ask) >= 0) {
+                ipcc_ledger_answer(slot, &ask);
+                _exit(ask.handle[0]);
+            }
+            ipcc_ledger_sleep(slot, rung, FOREVER_NS);
+            rung = ipcc_ledger_doorbell(slot);
+        }
+    }
+    char c;
+    cr_assert_eq(read(ready[0], &c, 1), 1, "the importer could not register");
+    close(ready[0]);
+    close(ready[1]);
+    return pid;
+}
+
+/* Releases the handle tagged tag as an exporter would. */
+static int release_tag(unsigned char tag, uint64_t wait_ns)
+{
+    unsigned char h[IPCC_HANDLE_BYTES];
+    handle_of(h, tag);
+    return ipcc_ledger_release(h, wait_ns);
+}
+
+static void end(pid_t child)
+{
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+}
+
+static int exit_status(pid_t pid)
+{
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+Test(ledger, no_importer_no_wait, .timeout = 10)
+{
+    /* With nobody registered the exporter does not post anything. */
+    cr_assert_eq(release_tag(4, FOREVER_NS), 0);
+    cr_assert_eq(atomic_load(&ipcc_ledger_file()->requests[0].state), IPCC_REQ_FREE);
+}
+
+Test(ledger, watching_importer_answers, .timeout = 10)
+{
+    /* The importer is woken, sees the handle, answers, and the exporter's wait ends. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    pid_t child = importer(getpid(), 1);
+    cr_assert_eq(release_tag(5, FOREVER_NS), 0);
+    cr_assert_eq(exit_status(child), 5, "the importer saw another handle");
+}
+
+Test(ledger, importer_of_any_exporter_is_asked, .timeout = 10)
+{
+    /* An importer holding handles of unknown exporters is asked by every exporter. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    pid_t child = importer(0, 1);
+    cr_assert_eq(release_tag(6, FOREVER_NS), 0);
+    cr_assert_eq(exit_status(child), 6);
+}
+
+Test(ledger, silent_importer_costs_the_bound_and_finds_the_request_later, .timeout = 10)
+{
+    /* An importer that does not answer makes the exporter give up at the bound; the request stays for a late answer. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    pid_t child = importer(getpid(), 0);
+    cr_assert_eq(release_tag(7, 20ULL * 1000 * 1000), 1);
+    int slot = -1;
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        if (atomic_load(&ipcc_ledger_file()->importers[i].pid) == child)
+            slot = i;
+    struct ipcc_ledger_ask ask;
+    cr_assert_geq(ipcc_ledger_next_ask(slot, 0, &ask), 0);
+    cr_assert_eq(ask.handle[0], 7);
+    end(child);
+}
+
+Test(ledger, importer_of_other_exporters_is_not_asked, .timeout = 10)
+{
+    /* An importer that holds only another exporter's handles is left alone (it would never answer). */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    pid_t child = importer(getppid(), 0);
+    cr_assert_eq(release_tag(8, FOREVER_NS), 0);
+    end(child);
+}
+
+Test(ledger, dead_importer_is_skipped, .timeout = 10)
+{
+    /* An importer that exited without giving its slot back is not waited for. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    pid_t child = importer(getpid(), 0);
+    end(child);
+    cr_assert_eq(release_tag(9, FOREVER_NS), 0);
+}
+
+Test(ledger, recycled_pid_is_not_the_importer, .timeout = 10)
+{
+    /* A slot whose pid now runs another process (another start time) is not waited for. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_importer *s = &ipcc_ledger_file()->importers[0];
+    atomic_store(&s->pid, getppid());
+    atomic_store(&s->start, ipcc_proc_start(getppid()) + 1);
+    atomic_store(&s->any, 1);
+    cr_assert_eq(release_tag(10, FOREVER_NS), 0);
+    cr_assert_eq(ipcc_ledger_register(), 0, "the dead owner's slot was not taken over");
+}
+
+Test(ledger, full_ledger_asks_nobody, .timeout = 10)
+{
+    /* With every request slot held by a waiting exporter, a free goes ahead without asking. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    for (int r = 0; r < IPCC_LEDGER_REQUESTS; r++) {
+        atomic_store(&f->requests[r].state, IPCC_REQ_POSTED);
+        atomic_store(&f->requests[r].deadline_ns, UINT64_MAX);
+    }
+    pid_t child = importer(getpid(), 0);
+    cr_assert_eq(release_tag(11, FOREVER_NS), -1);
+    end(child);
+}
+
+Test(ledger, slot_given_back_is_free)
+{
+    /* An importer's slot given back (at exit) is the next one taken. */
+    int slot = ipcc_ledger_register();
+    cr_assert_geq(slot, 0);
+    ipcc_ledger_unregister(slot);
+    cr_assert_eq(atomic_load(&ipcc_ledger_file()->importers[slot].pid), 0);
+    cr_assert_eq(ipcc_ledger_register(), slot);
+}
+
+/* Request r's state word once it holds the request for tag (a fork child's). */
+static uint32_t posted_for(int r, unsigned char tag)
+{
+    struct ipcc_ledger_request *q = &ipcc_ledger_file()->requests[r];
+    for (int i = 0; i < 5000; i++) {
+        uint32_t w = atomic_load(&q->state);
+        if ((w & 3) == IPCC_REQ_POSTED && q->handle[0] == tag)
+            return w;
+        usleep(1000);
+    }
+    cr_assert_fail("request %d never showed tag %d", r, tag);
+    return 0;
+}
+
+static pid_t exporter_releasing(unsigned char tag, uint64_t wait_ns)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        _exit(release_tag(tag, wait_ns));
+    }
+    return pid;
+}
+
+static void answer_as(int slot)
+{
+    struct ipcc_ledger_ask ask;
+    cr_assert_geq(ipcc_ledger_next_ask(slot, 0, &ask), 0);
+    ipcc_ledger_answer(slot, &ask);
+}
+
+Test(ledger, stopped_exporter_leaves_a_later_request_posted, .timeout = 10)
+{
+    /* An exporter stopped past its deadline, whose request slot went to another exporter meanwhile, leaves that one's live request posted when it resumes. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    for (int r = 1; r < IPCC_LEDGER_REQUESTS; r++) { /* only slot 0 is left */
+        atomic_store(&f->requests[r].state, IPCC_REQ_POSTED);
+        atomic_store(&f->requests[r].deadline_ns, UINT64_MAX);
+    }
+    pid_t imp = importer(0, 0);
+    int slot = -1;
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        if (atomic_load(&f->importers[i].pid) == imp)
+            slot = i;
+    pid_t a = exporter_releasing(30, 200ULL * 1000 * 1000);
+    posted_for(0, 30);
+    int status;
+    kill(a, SIGSTOP);
+    cr_assert_eq(waitpid(a, &status, WUNTRACED), a);
+    answer_as(slot); /* a's request is answered while a sleeps past its deadline */
+    usleep(300 * 1000);
+    pid_t b = exporter_releasing(31, FOREVER_NS);
+    posted_for(0, 31);
+    kill(a, SIGCONT);
+    cr_assert_eq(exit_status(a), 0);
+    uint32_t w = atomic_load(&f->requests[0].state);
+    cr_assert_eq(w & 3, IPCC_REQ_POSTED, "the resumed exporter freed the other's request");
+    answer_as(slot);
+    cr_assert_eq(exit_status(b), 0);
+    end(imp);
+}

@@ -1,0 +1,344 @@
+#!/usr/bin/env bash
+# tools/bench/bench.sh - `make bench`: what does ipccache save?
+#
+# 1. tools/bench/ipcbench.cu, built as build/bench/ipcbench_{static,shared}: CUDA IPC
+#    open+close pair latency by allocation size, runtime API (cudart static
+#    and shared) and driver API; each run is A1 (no shim) / B (shim) / A2 (no
+#    shim) inside one exporter process.
+# 2. tools/bench/bench_sglang_pattern.py: SGLang's CUDA IPC multimodal transport,
+#    run A/B/A as cache on / off / on.
+# 3. tests/gpu/vmm_rebuild.c (vmm): PyTorch's expandable-segments rebuild in
+#    C on the driver API, A/B/A, with each driver call timed (the cached VMM
+#    hit path), beside ipcbench's legacy pair at 512 MiB on the driver API.
+# 4. tools/bench/bench_torch_vmm.py (torch): PyTorch, legacy IPC and expandable
+#    segments, A/B/A: rebuild + use + release of a 1 MiB slice of a 512 MiB
+#    pool, and the RL weight-sync pattern (134 tensors, 2.35 GiB per step).
+#    With the part "shapes": the weight sync's shapes of issue 17 (one tensor
+#    at a time, reversed every other step, shuffled, all at once, 512 MiB
+#    buckets, two engines in turn), both allocators, A/B/A, steps/s, per-step
+#    ms and the engine's VMM map hits (--quick with BENCH_QUICK=1).
+# 5. tests/gpu/ghost_free.cu (ghost): what the exporter's free of exported
+#    memory costs with 0, 1 and 8 importers holding idle mappings, and its
+#    allocation and free of other memory, A/B/A (the preload on both sides).
+# 6. tools/sglang_peer/driver.py (sglang-code): SGLang's own transport classes
+#    (the copy `make peer-fetch` put in PEER_DIR/sglang), legacy and expandable
+#    segments, SGLang's cache off and on, A/B/A per repetition; its table goes
+#    into summary.md beside the pattern's (skipped, said so, without the copy).
+# 7. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
+#    (also printed: the tables for the README's Performance section); then
+#    tools/bench/bench_vmm_report.py adds the tables of 3-5 to summary.md.
+# With two or more GPUs, everything but 5 is also run across devices (GPU0 -> GPU1).
+#
+# Environment:
+#   IPCCACHE_LIB  the shim (default build/libipccache.so)
+#   BENCH_OUT     results folder (default results/<yyyymmdd>-<gpu-name>)
+#   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
+#   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
+#   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost")
+#   PEER_DIR      where `make peer-fetch` put sglang/ (default .peer)
+#   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
+set -u -o pipefail
+
+cd "$(dirname "$0")/../.." || exit 2
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+NVCC=${NVCC:-$CUDA_HOME/bin/nvcc}
+PYTHON=${PYTHON:-python3}
+LIB=${IPCCACHE_LIB:-build/libipccache.so}
+QUICK=${BENCH_QUICK:-0}
+BUILD=build/bench
+FAILURES=0
+PARTS=" ${BENCH_PARTS:-ipc sglang sglang-code vmm torch shapes ghost} "
+SGLANG_FETCHED=${PEER_DIR:-.peer}/sglang
+
+if [ "$QUICK" = 1 ]; then
+    REPS=${BENCH_REPS:-1}
+    IPC_ARGS=(--real-iters 50 --held-iters 500 --hit-iters 5000 --max-mode-seconds 0.5)
+    SG_ARGS=(--warmup 20 --requests 200 --rate-requests 200 --rate 200)
+    VMM_ITERS=50 TORCH_ARGS=(--features 200 --steps 10 --warmup 2) GHOST_ITERS=20
+    SGLANG_CODE_ARGS=(--features 200 --warmup 10)
+else
+    REPS=${BENCH_REPS:-3}
+    IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
+    SG_ARGS=(--warmup 50 --requests 500 --rate-requests 500 --rate 200)
+    VMM_ITERS=200 TORCH_ARGS=(--features 500 --steps 60 --warmup 5) GHOST_ITERS=200
+    SGLANG_CODE_ARGS=(--features 500 --warmup 20)
+fi
+RUN_TIMEOUT=300
+
+note() { echo "bench: $(date +%T) $*" >&2; }
+
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+if [ "${NGPU:-0}" -lt 1 ]; then
+    echo "bench: no NVIDIA GPU found; skipping"
+    exit 0
+fi
+if [ ! -f "$LIB" ]; then
+    echo "bench: $LIB not found (build it first, or set IPCCACHE_LIB)" >&2
+    exit 2
+fi
+LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")
+
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -n1)
+SLUG=$(echo "${GPU_NAME:-gpu}" | tr '[:upper:]' '[:lower:]' | sed -e 's/[^a-z0-9][^a-z0-9]*/-/g' -e 's/^-//' -e 's/-$//')
+OUT=${BENCH_OUT:-results/$(date +%Y%m%d)-$SLUG}
+RAW=$OUT/raw
+mkdir -p "$RAW" "$BUILD"
+note "$NGPU GPU(s) ($GPU_NAME), $REPS repetition(s), quick=$QUICK, results in $OUT"
+
+gpu_arch() {
+    local cc
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 2>/dev/null | tr -d ' .')
+    case "$cc" in ''|*[!0-9]*) cc=90 ;; esac
+    echo "-gencode arch=compute_$cc,code=[sm_$cc,compute_$cc]"
+}
+
+build_ipcbench() {
+    local rt arch
+    arch=$(gpu_arch)
+    for rt in static shared; do
+        # shellcheck disable=SC2086  # $arch is several words on purpose
+        "$NVCC" -O2 -std=c++17 $arch -cudart "$rt" -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" \
+            -o "$BUILD/ipcbench_$rt" tools/bench/ipcbench.cu -L"$CUDA_HOME/lib64/stubs" -lcuda -lpthread \
+            >"$RAW/build_ipcbench_$rt.log" 2>&1 || { note "build of ipcbench_$rt failed: $RAW/build_ipcbench_$rt.log"; return 1; }
+    done
+}
+
+write_machine_json() {
+    local smi_cuda nvcc_rel
+    smi_cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n1)
+    nvcc_rel=$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -n1)
+    GPU_NAME="$GPU_NAME" NGPU="$NGPU" SMI_CUDA="$smi_cuda" NVCC_REL="$nvcc_rel" REPS="$REPS" QUICK="$QUICK" \
+    DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0 2>/dev/null | head -n1) \
+    "$PYTHON" - "$OUT/machine.json" <<'EOF'
+import json, os, sys, time
+try:
+    import torch
+    torch_version, torch_cuda = torch.__version__, torch.version.cuda
+except Exception:
+    torch_version = torch_cuda = None
+e = os.environ
+info = {
+    "gpu_name": e["GPU_NAME"], "gpu_count": int(e["NGPU"]), "driver_version": e["DRIVER"],
+    "cuda_version": e["SMI_CUDA"] or None, "nvcc_version": e["NVCC_REL"] or None,
+    "torch_version": torch_version, "torch_cuda": torch_cuda, "cpu_count": os.cpu_count(),
+    "reps": int(e["REPS"]), "quick": e["QUICK"] == "1", "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+}
+with open(sys.argv[1], "w") as f:
+    json.dump(info, f, indent=2)
+EOF
+}
+
+# ipcbench_run TAG BINARY ARGS...: one A1/B/A2 exporter run.
+ipcbench_run() {
+    local tag=$1 bin=$2; shift 2
+    local dir=$RAW/ipcbench_$tag.d
+    mkdir -p "$dir"
+    note "ipcbench $tag"
+    if ! timeout "$RUN_TIMEOUT" env -u LD_PRELOAD "$bin" --shim "$LIB" --out "$dir" "${IPC_ARGS[@]}" "$@" \
+        >"$RAW/ipcbench_$tag.csv" 2>"$RAW/ipcbench_$tag.log"; then
+        note "ipcbench $tag failed (see $RAW/ipcbench_$tag.log)"
+        FAILURES=$((FAILURES + 1))
+    fi
+}
+
+# sglang_run TAG LABEL on|off ARGS...
+sglang_run() {
+    local tag=$1 label=$2 cache=$3; shift 3
+    local out=$RAW/sglang_${tag}_$label.json log=$RAW/sglang_${tag}_$label.log
+    local -a envs=(-u LD_PRELOAD)
+    if [ "$cache" = on ]; then
+        envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
+              IPCCACHE_STATS_FILE="$RAW/sglang_stats_${tag}_$label.%p")
+    fi
+    note "sglang pattern $tag $label"
+    if ! timeout "$RUN_TIMEOUT" env "${envs[@]}" "$PYTHON" tools/bench/bench_sglang_pattern.py "${SG_ARGS[@]}" \
+        --label "$label" --out "$out" "$@" >"$log" 2>&1; then
+        note "sglang pattern $tag $label failed (see $log)"
+        FAILURES=$((FAILURES + 1))
+    fi
+}
+
+torch_ready() {
+    "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
+}
+
+part() { [[ $PARTS == *" $1 "* ]]; }
+
+# fresh BINARY SOURCE: BINARY exists and is newer than SOURCE (kept, not rebuilt).
+fresh() { [ -x "$1" ] && [ "$1" -nt "$2" ]; }
+
+# build_gpu_program NAME SOURCE [nvcc args...]: build/bench/NAME, once.
+build_gpu_program() {
+    local name=$1 src=$2 arch; shift 2
+    fresh "$BUILD/$name" "$src" && return 0
+    arch=$(gpu_arch)
+    # shellcheck disable=SC2086  # $arch is several words on purpose
+    "$NVCC" -O2 $arch -o "$BUILD/$name" "$src" "$@" >"$RAW/build_$name.log" 2>&1 ||
+        { note "build of $name failed: $RAW/build_$name.log"; return 1; }
+}
+
+# abba TAG COMMAND...: COMMAND three times, A1 without the shim, B with it
+# (stats at exit into raw/), A2 without; stdout to raw/TAG_<pass>.txt.
+abba() {
+    local tag=$1 pass; shift
+    for pass in A1 B A2; do
+        local -a envs=(-u LD_PRELOAD)
+        [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
+                                 IPCCACHE_STATS_FILE="$RAW/stats_${tag}_B.%p.json")
+        note "$tag $pass"
+        if ! timeout "$RUN_TIMEOUT" env "${envs[@]}" "$@" >"$RAW/${tag}_$pass.txt" 2>"$RAW/${tag}_$pass.log"; then
+            note "$tag $pass failed (see $RAW/${tag}_$pass.log)"
+            FAILURES=$((FAILURES + 1))
+        fi
+    done
+}
+
+# The cached VMM rebuild call by call (26 chunks of 20 MiB, PyTorch's layout
+# of a 512 MiB pool), and the legacy pair on the driver API beside it.
+bench_vmm() {
+    local dev
+    build_gpu_program vmm_rebuild tests/gpu/vmm_rebuild.c -lcuda || { FAILURES=$((FAILURES + 1)); return; }
+    fresh "$BUILD/ipcbench_shared" tools/bench/ipcbench.cu || build_ipcbench || return
+    for dev in "${DEVS[@]}"; do
+        abba "vmm_rebuild_d$dev" "$BUILD/vmm_rebuild" "$VMM_ITERS" 26 20 "$dev"
+    done
+    for dev in "${DEVS[@]}"; do
+        note "legacy pair d$dev"
+        timeout "$RUN_TIMEOUT" env -u LD_PRELOAD "$BUILD/ipcbench_shared" --api driver --sizes 512M \
+            --threads 1 --device "$dev" --shim "$LIB" "${IPC_ARGS[@]}" \
+            >"$RAW/legacy_pair_d$dev.csv" 2>"$RAW/legacy_pair_d$dev.log" ||
+            { note "legacy pair d$dev failed"; FAILURES=$((FAILURES + 1)); }
+    done
+}
+
+# PyTorch, both allocators; A/B/A inside each run (the script spawns them).
+bench_torch() {
+    local alloc devices
+    devices=$(IFS=,; echo "${DEVS[*]}")
+    for alloc in legacy expandable; do
+        note "torch $alloc (consumers on GPU $devices)"
+        timeout "$((RUN_TIMEOUT * 2))" env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF \
+            "$PYTHON" tools/bench/bench_torch_vmm.py --alloc "$alloc" --shim "$LIB" \
+            --consumer-devices "$devices" "${TORCH_ARGS[@]}" --stats-dir "$RAW/torch_stats" \
+            --out "$RAW/torch_$alloc.json" >"$RAW/torch_$alloc.txt" 2>"$RAW/torch_$alloc.log" ||
+            { note "torch $alloc failed (see $RAW/torch_$alloc.log)"; FAILURES=$((FAILURES + 1)); }
+    done
+}
+
+# The weight sync's shapes (issue 17), both allocators, A/B/A, GPU 0.
+bench_shapes() {
+    local alloc quick=()
+    [ "$QUICK" = 1 ] && quick=(--quick)
+    for alloc in legacy expandable; do
+        note "shapes $alloc"
+        timeout "$((RUN_TIMEOUT * 4))" env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF \
+            "$PYTHON" tools/bench/bench_torch_vmm.py --alloc "$alloc" --shim "$LIB" "${quick[@]}" \
+            --shapes one,reversed,shuffled,all,buckets,two --stats-dir "$RAW/shapes_stats" \
+            --out "$RAW/shapes_$alloc.json" >"$RAW/shapes_$alloc.txt" 2>"$RAW/shapes_$alloc.log" ||
+            { note "shapes $alloc failed (see $RAW/shapes_$alloc.log)"; FAILURES=$((FAILURES + 1)); }
+    done
+}
+
+# The exporter's frees, 512 MiB, same GPU; the importers inherit the preload.
+bench_ghost() {
+    local n
+    build_gpu_program ghost_free tests/gpu/ghost_free.cu || { FAILURES=$((FAILURES + 1)); return; }
+    for n in 1 8 0; do
+        abba "ghost_free_i$n" "$BUILD/ghost_free" --size $((512 << 20)) --importers "$n" --iters "$GHOST_ITERS"
+    done
+}
+
+# SGLang's own code, A1 (no shim) / B (shim) / A2 (no shim) per repetition.
+bench_sglang_code() {
+    local tree=$BUILD/sglang-tree rep pass
+    if [ ! -f "$SGLANG_FETCHED/MANIFEST" ]; then
+        note "SGLang's code: skipped: no $SGLANG_FETCHED/MANIFEST (run make peer-fetch where there is a network)"
+        return
+    fi
+    "$PYTHON" tools/sglang_peer/prepare.py "$SGLANG_FETCHED" "$tree" || { FAILURES=$((FAILURES + 1)); return; }
+    for rep in $(seq 1 "$REPS"); do
+        for pass in A1 B A2; do
+            local -a envs=(-u LD_PRELOAD)
+            [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
+                                     IPCCACHE_STATS_FILE="$RAW/stats_sglang_code_r${rep}_B.%p.json")
+            note "SGLang's code r$rep $pass"
+            timeout "$((RUN_TIMEOUT * 2))" env -u PYTORCH_CUDA_ALLOC_CONF "${envs[@]}" \
+                PYTHONPATH="$tree/src:tools/sglang_peer/site" SGLANG_PEER_DEPS="$tree/deps" \
+                SGLANG_PEER_STUB_TRANSFORMERS=1 "$PYTHON" tools/sglang_peer/driver.py run \
+                "${SGLANG_CODE_ARGS[@]}" --out "$RAW/sglang_code_r${rep}_$pass.json" \
+                >"$RAW/sglang_code_r${rep}_$pass.txt" 2>&1 ||
+                { note "SGLang's code r$rep $pass failed (see $RAW/sglang_code_r${rep}_$pass.txt)"; FAILURES=$((FAILURES + 1)); }
+        done
+    done
+}
+
+# The SGLang-code tables, one per repetition, into summary.md.
+report_sglang_code() {
+    local rep
+    [ -f "$RAW/sglang_code_r1_B.json" ] || return 0
+    {
+        echo
+        echo "## SGLang's own transport (sglang $(cat "$SGLANG_FETCHED/VERSION"), tools/sglang_peer/driver.py)"
+        echo
+        echo "Median per feature (reconstruct + check + release), without ipccache (A1 / A2) and with it (B)."
+        for rep in $(seq 1 "$REPS"); do
+            echo
+            echo "Repetition $rep:"
+            echo
+            "$PYTHON" tools/sglang_peer/driver.py report "$RAW/sglang_code_r${rep}_A1.json" \
+                "$RAW/sglang_code_r${rep}_B.json" "$RAW/sglang_code_r${rep}_A2.json" || return 1
+        done
+    } >>"$OUT/summary.md"
+}
+
+bench_ipc_sglang() {
+    local rep dev have_torch=$1
+    build_ipcbench || exit 1
+    for rep in $(seq 1 "$REPS"); do
+        for dev in "${DEVS[@]}"; do
+            # Variants alternate within a repetition so that drift spreads evenly.
+            if part ipc; then
+                ipcbench_run "runtime_static_d${dev}_r$rep" "$BUILD/ipcbench_static" --api runtime --device "$dev"
+                ipcbench_run "runtime_shared_d${dev}_r$rep" "$BUILD/ipcbench_shared" --api runtime --device "$dev"
+                ipcbench_run "driver_d${dev}_r$rep" "$BUILD/ipcbench_shared" --api driver --device "$dev"
+            fi
+            if part sglang && [ "$have_torch" = 1 ]; then
+                sglang_run "d${dev}_r$rep" A1-on on --device-consumer "$dev"
+                sglang_run "d${dev}_r$rep" B-off off --device-consumer "$dev"
+                sglang_run "d${dev}_r$rep" A2-on on --device-consumer "$dev"
+            fi
+        done
+    done
+}
+
+main() {
+    local have_torch=0 started=$SECONDS
+    DEVS=(0)
+    [ "$NGPU" -ge 2 ] && DEVS=(0 1)
+    if part sglang || part sglang-code || part torch || part shapes; then
+        torch_ready && have_torch=1
+        [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: the PyTorch benchmarks are skipped"
+    fi
+    # A run in parts (BENCH_PARTS) into one folder writes it once.
+    [ -f "$OUT/machine.json" ] || write_machine_json || note "machine.json not written"
+    if part ipc || part sglang; then bench_ipc_sglang "$have_torch"; fi
+    if part sglang-code && [ "$have_torch" = 1 ]; then bench_sglang_code; fi
+    if part vmm; then bench_vmm; fi
+    if part torch && [ "$have_torch" = 1 ]; then bench_torch; fi
+    if part shapes && [ "$have_torch" = 1 ]; then bench_shapes; fi
+    if part ghost; then bench_ghost; fi
+    note "measurements took $((SECONDS - started)) s"
+    if part ipc || part sglang; then
+        "$PYTHON" tools/bench/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
+            FAILURES=$((FAILURES + 1))
+    fi
+    if part sglang-code; then report_sglang_code || FAILURES=$((FAILURES + 1)); fi
+    if part vmm || part torch || part shapes || part ghost; then
+        "$PYTHON" tools/bench/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
+    fi
+    note "results in $OUT ($FAILURES failed run(s))"
+    [ "$FAILURES" -eq 0 ]
+}
+
+main
