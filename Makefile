@@ -175,6 +175,13 @@ $(BUILD)/tests/ghost_peer: tests/ghost_peer.c $(FAKE)
 $(BUILD)/tests/test_ghost: tests/test_ghost.c $(FAKE)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
+# The hit path's race check, built by tests/test_tsan.sh with ThreadSanitizer
+# (in BUILD/tsan); linked ahead of the stand-in driver like test_e2e.
+$(BUILD)/tests/race_threads: tests/race_threads.c tests/fake_cuda.h $(LIB) $(FAKE)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD) -L$(BUILD)/tests \
+	    -Wl,--no-as-needed -lipccache -lcuda -Wl,--as-needed \
+	    -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,'$$ORIGIN' -lpthread
+
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
 $(BUILD)/tests/probe: tests/probe.c $(FAKE)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -ldl -lpthread
@@ -239,11 +246,18 @@ $(BUILD)/tools/standin_rl: tools/standin_rl.c tests/fake_cuda.h tests/fake_vmm.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
 
-bench-standin: $(LIB) $(BUILD)/tools/standin_rl
+$(BUILD)/tools/standin_hits: tools/standin_hits.c tests/fake_cuda.h $(FAKE)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests' -lpthread
+
+# Then the legacy hit pair with 1-16 threads, with the library (the stand-in's
+# own locked open and close without it are no comparison).
+bench-standin: $(LIB) $(BUILD)/tools/standin_rl $(BUILD)/tools/standin_hits
 	@for run in 1 2 3; do \
 	    printf 'without: '; $(BUILD)/tools/standin_rl; \
 	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl; \
 	done
+	@for run in 1 2 3; do LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_hits; done
 
 # PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py (never committed).
 PEER_DIR ?= .peer

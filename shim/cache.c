@@ -89,6 +89,43 @@ struct ipcc_cache {
     struct ipcc_top_slot top[IPCC_TOP_SLOTS];
 };
 
+/* ---- the calling thread's last hit -------------------------------------- */
+
+/*
+ * A thread that opens and closes one handle again and again finds its entry
+ * here, without hashing the key or searching either index. The memo is the
+ * thread's own; it is used only under the caller's lock, and only while no
+ * entry has left a table since it was taken (removed_gen): an entry freed
+ * since may lie at the same address.
+ */
+static uint64_t removed_gen;
+
+static __thread struct {
+    const struct ipcc_cache *c;
+    struct ipcc_entry *e;
+    uint64_t gen;
+    uint64_t ctx_id;
+    uint32_t flags;
+    unsigned char handle[IPCC_HANDLE_BYTES];
+} recent __attribute__((tls_model("initial-exec")));
+
+static void remember_recent(const struct ipcc_cache *c, struct ipcc_entry *e,
+                            const struct ipcc_key *k)
+{
+    recent.c = c;
+    recent.e = e;
+    recent.gen = removed_gen;
+    recent.ctx_id = k->ctx_id;
+    recent.flags = k->flags;
+    memcpy(recent.handle, k->handle, IPCC_HANDLE_BYTES);
+}
+
+/* The thread's last entry of c if it is still there (lock held). */
+static struct ipcc_entry *recent_entry(const struct ipcc_cache *c)
+{
+    return recent.c == c && recent.gen == removed_gen ? recent.e : NULL;
+}
+
 /* ---- small helpers ------------------------------------------------------ */
 
 /* Gauges are written only under the table lock, so a plain load and store
@@ -152,6 +189,7 @@ static void top_update(struct ipcc_cache *c, const struct ipcc_entry *e, int hit
  * caller frees the entry. */
 static void unlink_entry(struct ipcc_cache *c, struct ipcc_entry *e)
 {
+    removed_gen++; /* every thread's memo of a hit is stale now */
     HASH_DELETE(hh_key, c->by_key, e);
     HASH_DELETE(hh_ptr, c->by_ptr, e);
     while (e->aliases) {
@@ -252,14 +290,40 @@ static void take_ref(struct ipcc_cache *c, struct ipcc_entry *e)
 
 /* On a hit takes one reference, stores the mapping's pointer in *dptr and
  * returns 1; returns 0 on a miss and leaves *dptr alone. */
+static void hit(struct ipcc_cache *c, struct ipcc_entry *e, uint64_t *dptr)
+{
+    take_ref(c, e);
+    top_update(c, e, 1);
+    *dptr = e->pkey.dptr;
+}
+
 int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k, uint64_t *dptr)
 {
     struct ipcc_entry *e = find_key(c, k);
     if (!e)
         return 0;
-    take_ref(c, e);
-    top_update(c, e, 1);
-    *dptr = e->pkey.dptr;
+    hit(c, e, dptr);
+    remember_recent(c, e, k);
+    return 1;
+}
+
+/* Whether (ctx_id, handle, flags) is what this thread last hit or inserted:
+ * a thread-local comparison, made before taking the lock. */
+int ipcc_cache_recent_is(uint64_t ctx_id, const void *handle, uint32_t flags)
+{
+    return recent.e && recent.ctx_id == ctx_id && recent.flags == flags &&
+           memcmp(recent.handle, handle, IPCC_HANDLE_BYTES) == 0;
+}
+
+/* ipcc_cache_acquire of the key ipcc_cache_recent_is matched, without
+ * looking it up: 0 when that entry has left the table meanwhile (the
+ * caller then looks the key up). */
+int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr)
+{
+    struct ipcc_entry *e = recent_entry(c);
+    if (!e)
+        return 0;
+    hit(c, e, dptr);
     return 1;
 }
 
@@ -332,7 +396,19 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     }
     gauge_add(&c->gauges.live, 1);
     top_attach(c, e, now_ns);
+    remember_recent(c, e, k);
     return 1;
+}
+
+/* The entry of the mapping at dptr in context ctx_id; NULL if none. */
+static struct ipcc_entry *find_ptr(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr)
+{
+    struct ipcc_entry *e = recent_entry(c);
+    if (e && e->pkey.dptr == dptr && e->pkey.ctx_id == ctx_id)
+        return e;
+    struct ptr_key pk = { .ctx_id = ctx_id, .dptr = dptr };
+    HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
+    return e;
 }
 
 /* Drops one reference of the mapping at dptr in context ctx_id. At zero the
@@ -343,9 +419,7 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
 enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_id,
                                             uint64_t dptr, uint64_t now_ns)
 {
-    struct ptr_key pk = { .ctx_id = ctx_id, .dptr = dptr };
-    struct ipcc_entry *e;
-    HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
+    struct ipcc_entry *e = find_ptr(c, ctx_id, dptr);
     if (!e)
         return IPCC_RELEASE_NOT_FOUND;
     if (e->refs == 0) {

@@ -78,6 +78,8 @@ IPCC_HIDDEN void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id,
                                const void *handle, uint32_t flags);
 IPCC_HIDDEN int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k,
                                    uint64_t *dptr);
+IPCC_HIDDEN int ipcc_cache_recent_is(uint64_t ctx_id, const void *handle, uint32_t flags);
+IPCC_HIDDEN int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr);
 IPCC_HIDDEN int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k,
                                   void *ctx, uint64_t dptr, uint64_t bytes,
                                   uint64_t now_ns, uint64_t *cached_dptr);

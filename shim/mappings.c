@@ -188,6 +188,27 @@ static CUresult open_uncached(int slot, CUdeviceptr *pdptr, const CUipcMemHandle
     return real ? passthrough_open(real, pdptr, *h, flags) : NO_DRIVER;
 }
 
+/* The thread's last hit again: no hash, no search. */
+static int open_recent(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags, uint64_t *dptr)
+{
+    if (!ipcc_cache_recent_is(ctx_id, h->reserved, flags))
+        return 0;
+    ipcc_lock();
+    int hit = ipcc_cache_acquire_recent(ipcc_table(), dptr);
+    ipcc_unlock();
+    return hit;
+}
+
+static int open_cached(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags, uint64_t *dptr)
+{
+    struct ipcc_key key;
+    ipcc_key_init(&key, ctx_id, h->reserved, flags);
+    ipcc_lock();
+    int hit = ipcc_cache_acquire(ipcc_table(), &key, dptr);
+    ipcc_unlock();
+    return hit;
+}
+
 /* The hit path touches neither the real function nor a copy of the handle. */
 int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned flags)
 {
@@ -200,17 +221,14 @@ int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned 
     if (ipcc_config.disabled || !pdptr || current_context(&ctx, &ctx_id) < 0)
         return open_uncached(slot, pdptr, h, flags);
 
-    struct ipcc_key key;
     uint64_t dptr;
-    ipcc_key_init(&key, ctx_id, h->reserved, flags);
-    ipcc_lock();
-    int hit = ipcc_cache_acquire(ipcc_table(), &key, &dptr);
-    ipcc_unlock();
-    if (hit) {
+    if (open_recent(ctx_id, h, flags, &dptr) || open_cached(ctx_id, h, flags, &dptr)) {
         IPCC_COUNT(hits);
         *pdptr = (CUdeviceptr)dptr;
         return CUDA_SUCCESS;
     }
+    struct ipcc_key key;
+    ipcc_key_init(&key, ctx_id, h->reserved, flags);
     open_fn real = real_open(slot);
     return real ? open_miss(real, &key, ctx, pdptr, *h, flags) : NO_DRIVER;
 }
