@@ -80,6 +80,24 @@ IPCC_HIDDEN int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *
                                    uint64_t *dptr);
 IPCC_HIDDEN int ipcc_cache_recent_is(uint64_t ctx_id, const void *handle, uint32_t flags);
 IPCC_HIDDEN int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr);
+/* Entries lent to a thread (cache.c): its hits and closes of it take no lock. */
+struct ipcc_cache_totals {
+    uint64_t live, idle, idle_bytes;
+};
+IPCC_HIDDEN int ipcc_cache_recent_lendable(struct ipcc_cache *c);
+IPCC_HIDDEN int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns,
+                                       uint64_t room_entries, uint64_t room_bytes);
+IPCC_HIDDEN int ipcc_cache_open_lent(struct ipcc_cache *c, uint64_t ctx_id, const void *handle,
+                                     uint32_t flags, uint64_t *dptr);
+IPCC_HIDDEN int ipcc_cache_close_lent(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr,
+                                      uint64_t now_ns);
+IPCC_HIDDEN void ipcc_cache_return_lent(struct ipcc_cache *c, int give_up);
+IPCC_HIDDEN void ipcc_cache_lent_totals(uint64_t *entries, uint64_t *bytes);
+IPCC_HIDDEN void ipcc_cache_gauges_now(const struct ipcc_cache *c, struct ipcc_cache_totals *out);
+IPCC_HIDDEN void ipcc_cache_lent_fork_child(struct ipcc_cache *c);
+IPCC_HIDDEN void ipcc_cache_recall_all(struct ipcc_cache *c);
+IPCC_HIDDEN void ipcc_cache_lent_floor(uint64_t now_ns);
+IPCC_HIDDEN int ipcc_cache_has_lent(void);
 IPCC_HIDDEN int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k,
                                   void *ctx, uint64_t dptr, uint64_t bytes,
                                   uint64_t now_ns, uint64_t *cached_dptr);
@@ -118,7 +136,7 @@ struct ipcc_top_slot {
     _Atomic uint64_t refs;
     _Atomic uint64_t bytes;
     _Atomic uint64_t created_ns;
-};
+} __attribute__((aligned(64))); /* a line each: threads hitting two entries do not share one */
 IPCC_HIDDEN const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c);
 
 /* ---- vmm_imports.c, vmm_ranges.c: the VMM path's table (pure C, no CUDA) -- */
@@ -282,6 +300,8 @@ struct ipcc_budget {
     int all;
 };
 IPCC_HIDDEN int ipcc_tables_over_budget(uint64_t max_bytes, uint64_t max_entries);
+IPCC_HIDDEN void ipcc_tables_room(uint64_t max_bytes, uint64_t max_entries, uint64_t *room_bytes,
+                                  uint64_t *room_entries);
 IPCC_HIDDEN size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipcc_victim *out,
                                          size_t cap, size_t *nout, struct ipcc_vmm_ops *ops);
 

@@ -32,8 +32,12 @@ if ! make --no-print-directory -C "$root" BUILD="$tsan" SANITIZE=-fsanitize=thre
     exit
 fi
 
-TSAN_OPTIONS="halt_on_error=1 exitcode=66 report_signal_unsafe=0" "$tsan/tests/race_threads" >"$tmp/out" 2>&1
-check "tsan: 8 threads hitting, missing and evicting: no data race, every reference counted" \
-    test "$?" -eq 0
+race() {
+    TSAN_OPTIONS="halt_on_error=1 exitcode=66" "$tsan/tests/race_threads" "$@" >"$tmp/out" 2>&1
+}
+check "tsan: 8 threads hitting their loans and each other's entries: no data race, every reference counted" \
+    race
+check "tsan: the same under an idle cap of 2 (evictions, recalls): no data race, none over the cap" \
+    race 2
 
 tap_summary tsan
