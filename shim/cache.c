@@ -70,8 +70,9 @@ struct ipcc_entry {
     uint64_t idle_ns;                   /* when it last went idle */
     int top_slot;                       /* -1: not mirrored */
     int lent_slot;                      /* -1: not lent (see lent_slots) */
-    int shared;                         /* its last two locked uses: two threads */
     const void *last_user;              /* the thread of its last locked use */
+    unsigned runs;                      /* locked uses in a row by that thread */
+    unsigned steals;                    /* loans taken back by another thread */
     struct ipcc_entry *prev, *next;     /* LRU, only while idle */
     struct ipcc_alias *aliases;         /* other keys of this mapping */
     UT_hash_handle hh_key, hh_ptr;
@@ -283,22 +284,33 @@ static void recall_entry(struct ipcc_cache *c, struct ipcc_entry *e)
         recall(c, &lent_slots[e->lent_slot]);
 }
 
-/* Lock held: this thread is about to use e; a loan of it comes back. Only
- * an entry whose last two locked uses were this thread's is lent again, so
- * that threads sharing one entry do not take it from each other at every
- * call (they share it on the locked path). */
+/* Lock held: this thread is about to use e; a loan of it comes back. Each
+ * loan another thread took back doubles the locked uses in a row by one
+ * thread an entry needs before it is lent again (up to 64), so that threads
+ * sharing one entry do not take it from each other at every call: they
+ * share it on the locked path. */
+#define MAX_STEALS 6
+
 static void claim_entry(struct ipcc_cache *c, struct ipcc_entry *e)
 {
     const void *me = &lent;
     if (!e)
         return;
     if (e->lent_slot >= 0) {
-        if (&lent_slots[e->lent_slot] != lent.slot)
+        if (&lent_slots[e->lent_slot] != lent.slot) {
             e->last_user = NULL;
+            if (e->steals < MAX_STEALS)
+                e->steals++;
+        }
         recall(c, &lent_slots[e->lent_slot]);
     }
-    e->shared = e->last_user != me;
+    e->runs = e->last_user == me ? e->runs + (e->runs < 255) : 1;
     e->last_user = me;
+}
+
+static int lendable(const struct ipcc_entry *e)
+{
+    return e->refs > 0 && e->lent_slot < 0 && e->runs > (1u << e->steals) - 1;
 }
 
 /* Lock held: every entry of c lent to any thread comes back. */
@@ -520,6 +532,7 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     e->refs = 1;
     e->lent_slot = -1;
     e->last_user = &lent;
+    e->runs = 1;
 
     ipcc_cache_oom = 0;
     HASH_ADD_BYHASHVALUE(hh_key, c->by_key, key, KEY_BYTES, k->hash, e);
@@ -724,15 +737,14 @@ static struct lent_slot *my_slot(void)
 int ipcc_cache_recent_lendable(struct ipcc_cache *c)
 {
     struct ipcc_entry *e = recent_entry(c);
-    return e && e->refs > 0 && e->lent_slot < 0 && !e->shared;
+    return e && lendable(e);
 }
 
 int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_entries,
                            uint64_t room_bytes)
 {
     struct ipcc_entry *e = recent_entry(c);
-    if (!e || e->refs == 0 || e->lent_slot >= 0 || e->shared || room_entries < 1 ||
-        room_bytes < e->bytes)
+    if (!e || !lendable(e) || room_entries < 1 || room_bytes < e->bytes)
         return 0;
     struct lent_slot *s = my_slot();
     if (!s)
