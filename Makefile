@@ -204,6 +204,13 @@ $(BUILD)/tests/ghost_peer: tests/process/ghost_peer.c $(FAKE)
 $(BUILD)/tests/test_ghost: tests/process/test_ghost.c $(FAKE)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
+# The hit path's race check, built by tests/process/test_tsan.sh with ThreadSanitizer
+# (in BUILD/tsan); linked ahead of the stand-in driver like test_e2e.
+$(BUILD)/tests/race_threads: tests/process/race_threads.c tests/standin/fake_cuda.h $(LIB) $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD) -L$(BUILD)/tests \
+	    -Wl,--no-as-needed -lipccache -lcuda -Wl,--as-needed \
+	    -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,'$$ORIGIN' -lpthread
+
 # Reaches the driver as cudart does: dlopen + dlsym + cuGetProcAddress.
 $(BUILD)/tests/probe: tests/process/probe.c $(FAKE)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -ldl -lpthread
@@ -278,7 +285,13 @@ $(BUILD)/tools/standin_rl: tools/bench/standin_rl.c tests/standin/fake_cuda.h te
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
 
-bench-standin: $(LIB) $(BUILD)/tools/standin_rl
+$(BUILD)/tools/standin_hits: tools/bench/standin_hits.c tests/standin/fake_cuda.h $(FAKE)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests' -lpthread
+
+# Then the legacy hit pair with 1-16 threads, with the library (the stand-in's
+# own locked open and close without it are no comparison).
+bench-standin: $(LIB) $(BUILD)/tools/standin_rl $(BUILD)/tools/standin_hits
 	@for run in 1 2 3; do \
 	    printf 'without: '; $(BUILD)/tools/standin_rl; \
 	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl; \
@@ -287,6 +300,7 @@ bench-standin: $(LIB) $(BUILD)/tools/standin_rl
 	    printf 'without: '; $(BUILD)/tools/standin_rl 22 200 $$shape; \
 	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl 22 200 $$shape; \
 	done
+	@for run in 1 2 3; do LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_hits; done
 
 # PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py and what
 # peer-fetch put in PEER_DIR/sglang (never committed).

@@ -23,6 +23,8 @@ struct ipcc_budget {
     int all;
 };
 IPCC_HIDDEN int ipcc_tables_over_budget(uint64_t max_bytes, uint64_t max_entries);
+IPCC_HIDDEN void ipcc_tables_room(uint64_t max_bytes, uint64_t max_entries, uint64_t *room_bytes,
+                                  uint64_t *room_entries);
 IPCC_HIDDEN size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipcc_victim *out,
                                          size_t cap, size_t *nout, struct ipcc_vmm_ops *ops);
 

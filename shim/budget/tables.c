@@ -69,6 +69,7 @@ static void close_fd(int fd)
 void ipcc_tables_fork_child(void)
 {
     struct ipcc_cache *c = ipcc_table();
+    ipcc_cache_lent_fork_child(c);
     if (c)
         ipcc_cache_clear(c);
     ipcc_vmm_table_clear(ipcc_vmm_table(), close_fd);
@@ -86,13 +87,38 @@ void ipcc_tables_gauges(struct ipcc_tables_gauges *out)
 {
     struct ipcc_cache *c = ipcc_table();
     struct ipcc_vmm_table *t = ipcc_vmm_table();
-    const struct ipcc_cache_gauges *g = c ? ipcc_cache_gauges(c) : NULL;
+    struct ipcc_cache_totals g = { 0, 0, 0 };
     const struct ipcc_vmm_gauges *v = t ? ipcc_vmm_table_gauges(t) : NULL;
-    out->live = g ? load(&g->live) : 0;
+    if (c)
+        ipcc_cache_gauges_now(c, &g); /* entries lent to threads included */
+    out->live = g.live;
     out->vmm_idle = v ? load(&v->idle_entries) : 0;
     out->vmm_idle_bytes = v ? load(&v->idle_bytes) : 0;
-    out->idle = (g ? load(&g->idle) : 0) + out->vmm_idle;
-    out->idle_bytes = (g ? load(&g->idle_bytes) : 0) + out->vmm_idle_bytes;
+    out->idle = g.idle + out->vmm_idle;
+    out->idle_bytes = g.idle_bytes + out->vmm_idle_bytes;
+}
+
+/* Idle things of both kinds, counting every entry lent to a thread as idle
+ * (its closes are not checked against the budget). */
+static void idle_bound(uint64_t *bytes, uint64_t *entries)
+{
+    struct ipcc_cache *c = ipcc_table();
+    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    const struct ipcc_cache_gauges *g = c ? ipcc_cache_gauges(c) : NULL;
+    const struct ipcc_vmm_gauges *v = t ? ipcc_vmm_table_gauges(t) : NULL;
+    ipcc_cache_lent_totals(entries, bytes);
+    *entries += (g ? load(&g->idle) : 0) + (v ? load(&v->idle_entries) : 0);
+    *bytes += (g ? load(&g->idle_bytes) : 0) + (v ? load(&v->idle_bytes) : 0);
+}
+
+/* What the caps leave for one more thing idle, lent entries counted idle. */
+void ipcc_tables_room(uint64_t max_bytes, uint64_t max_entries, uint64_t *room_bytes,
+                      uint64_t *room_entries)
+{
+    uint64_t bytes, entries;
+    idle_bound(&bytes, &entries);
+    *room_bytes = bytes < max_bytes ? max_bytes - bytes : 0;
+    *room_entries = entries < max_entries ? max_entries - entries : 0;
 }
 
 /* The legacy table's mirrored entries; NULL before start. */
@@ -108,9 +134,9 @@ const struct ipcc_top_slot *ipcc_tables_top(void)
  * only: also a cheap check without the lock. */
 int ipcc_tables_over_budget(uint64_t max_bytes, uint64_t max_entries)
 {
-    struct ipcc_tables_gauges g;
-    ipcc_tables_gauges(&g);
-    return g.idle_bytes > max_bytes || g.idle > max_entries;
+    uint64_t bytes, entries;
+    idle_bound(&bytes, &entries);
+    return bytes > max_bytes || entries > max_entries;
 }
 
 /* Takes the least recently used idle thing of either kind: a legacy
@@ -142,6 +168,8 @@ size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipcc_victim *ou
 {
     size_t taken = 0;
     *nout = 0;
+    if (ipcc_table())
+        ipcc_cache_recall_all(ipcc_table()); /* their idle times count too */
     while (taken < cap && (b->all || ipcc_tables_over_budget(b->max_bytes, b->max_entries)) &&
            take_oldest(out, nout, ops))
         taken++;

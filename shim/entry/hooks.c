@@ -178,6 +178,16 @@ IPCC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 /* ---- VMM sharing (PyTorch expandable segments): vmm_calls.c ------------- */
 
+/* A VMM call that may leave something idle, by a thread that was lent a
+ * legacy entry (cache.c): its later lent closes must count as after it in
+ * the one LRU order, and their own clock is coarse. One load otherwise. */
+static CUresult after_vmm_idle(CUresult rc)
+{
+    if (ipcc_cache_has_lent())
+        ipcc_cache_lent_floor(ipcc_now_ns());
+    return rc;
+}
+
 IPCC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
                                                     void *os_handle,
                                                     CUmemAllocationHandleType type)
@@ -194,7 +204,7 @@ IPCC_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocat
 
 IPCC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    return (CUresult)ipcc_vmm_release_call(handle);
+    return after_vmm_idle((CUresult)ipcc_vmm_release_call(handle));
 }
 
 IPCC_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,
@@ -205,7 +215,7 @@ IPCC_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t a
 
 IPCC_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
-    return (CUresult)ipcc_vmm_free_call(ptr, size);
+    return after_vmm_idle((CUresult)ipcc_vmm_free_call(ptr, size));
 }
 
 IPCC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
@@ -216,7 +226,7 @@ IPCC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 
 IPCC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    return (CUresult)ipcc_vmm_unmap_call(ptr, size);
+    return after_vmm_idle((CUresult)ipcc_vmm_unmap_call(ptr, size));
 }
 
 IPCC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,

@@ -42,6 +42,26 @@ IPCC_HIDDEN void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id,
                                const void *handle, uint32_t flags);
 IPCC_HIDDEN int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k,
                                    uint64_t *dptr);
+IPCC_HIDDEN int ipcc_cache_recent_is(uint64_t ctx_id, const void *handle, uint32_t flags);
+IPCC_HIDDEN int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr);
+/* Entries lent to a thread (legacy_table.c): its hits and closes of it take no lock. */
+struct ipcc_cache_totals {
+    uint64_t live, idle, idle_bytes;
+};
+IPCC_HIDDEN int ipcc_cache_recent_lendable(struct ipcc_cache *c);
+IPCC_HIDDEN int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns,
+                                       uint64_t room_entries, uint64_t room_bytes);
+IPCC_HIDDEN int ipcc_cache_open_lent(struct ipcc_cache *c, uint64_t ctx_id, const void *handle,
+                                     uint32_t flags, uint64_t *dptr);
+IPCC_HIDDEN int ipcc_cache_close_lent(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr,
+                                      uint64_t now_ns);
+IPCC_HIDDEN void ipcc_cache_return_lent(struct ipcc_cache *c, int give_up);
+IPCC_HIDDEN void ipcc_cache_lent_totals(uint64_t *entries, uint64_t *bytes);
+IPCC_HIDDEN void ipcc_cache_gauges_now(const struct ipcc_cache *c, struct ipcc_cache_totals *out);
+IPCC_HIDDEN void ipcc_cache_lent_fork_child(struct ipcc_cache *c);
+IPCC_HIDDEN void ipcc_cache_recall_all(struct ipcc_cache *c);
+IPCC_HIDDEN void ipcc_cache_lent_floor(uint64_t now_ns);
+IPCC_HIDDEN int ipcc_cache_has_lent(void);
 IPCC_HIDDEN int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k,
                                   void *ctx, uint64_t dptr, uint64_t bytes,
                                   uint64_t now_ns, uint64_t *cached_dptr);

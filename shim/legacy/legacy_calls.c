@@ -7,10 +7,14 @@
  *
  * Locking: the table lock is held only around table operations, never
  * across a driver call, so a slow map (milliseconds across GPUs) does not
- * stall other threads' hits.
+ * stall other threads' hits. A thread's repeated open and close of one
+ * mapping that it alone uses take no lock at all: the entry is lent to it
+ * (cache.c), one atomic operation per call on a line of its own.
  */
+#include <pthread.h>
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda.h>
 
@@ -101,6 +105,8 @@ static CUresult timed_real_close(close_fn real, CUdeviceptr dptr)
 
 /* ---- open --------------------------------------------------------------- */
 
+static void lend_here(void);
+
 static uint64_t mapping_bytes(uint64_t dptr)
 {
     const struct ipcc_driver *d = ipcc_driver();
@@ -135,6 +141,8 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
     uint64_t bytes = mapping_bytes(dptr);
     ipcc_lock();
     int inserted = ipcc_cache_insert(ipcc_table(), key, ctx, dptr, bytes, ipcc_now_ns(), &cached);
+    if (inserted >= 0)
+        lend_here();
     ipcc_unlock();
     if (inserted > 0)
         ipcc_ghost_note_open(key->handle);
@@ -162,6 +170,78 @@ static CUresult open_uncached(int slot, CUdeviceptr *pdptr, const CUipcMemHandle
     return real ? passthrough_open(real, pdptr, *h, flags) : NO_DRIVER;
 }
 
+/* ---- lending: a thread's repeat hits of one entry take no lock ---------- */
+
+static pthread_key_t lent_key;
+static int lent_key_made;
+
+/* A thread that ends gives its loan back (its references stay counted). */
+static void return_at_thread_exit(void *unused)
+{
+    (void)unused;
+    ipcc_lock();
+    ipcc_cache_return_lent(ipcc_table(), 1);
+    ipcc_unlock();
+}
+
+static void make_lent_key(void)
+{
+    lent_key_made = pthread_key_create(&lent_key, return_at_thread_exit) == 0;
+}
+
+/* Lock held, after this thread's hit or insert: lends it the entry if the
+ * idle budget has room for it (cache.c says why). Without a way to give it
+ * back at thread exit, nothing is lent. */
+static void lend_here(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    static __thread int watched __attribute__((tls_model("initial-exec")));
+    uint64_t room_bytes, room_entries;
+    if (!ipcc_cache_recent_lendable(ipcc_table()))
+        return;
+    pthread_once(&once, make_lent_key);
+    if (!lent_key_made || (!watched && pthread_setspecific(lent_key, &watched) != 0))
+        return;
+    watched = 1;
+    ipcc_tables_room(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, &room_bytes,
+                     &room_entries);
+    ipcc_cache_lend_recent(ipcc_table(), ipcc_now_ns(), room_entries, room_bytes);
+}
+
+/* The clock a lent close is ordered by: a tick's resolution, a fraction of
+ * the precise clock's cost (the ordering it gives: cache.c, README). */
+static uint64_t coarse_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* The thread's last hit again: no hash, no search. */
+static int open_recent(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags, uint64_t *dptr)
+{
+    if (!ipcc_cache_recent_is(ctx_id, h->reserved, flags))
+        return 0;
+    ipcc_lock();
+    int hit = ipcc_cache_acquire_recent(ipcc_table(), dptr);
+    if (hit)
+        lend_here();
+    ipcc_unlock();
+    return hit;
+}
+
+static int open_cached(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags, uint64_t *dptr)
+{
+    struct ipcc_key key;
+    ipcc_key_init(&key, ctx_id, h->reserved, flags);
+    ipcc_lock();
+    int hit = ipcc_cache_acquire(ipcc_table(), &key, dptr);
+    if (hit)
+        lend_here();
+    ipcc_unlock();
+    return hit;
+}
+
 /* The hit path touches neither the real function nor a copy of the handle. */
 int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned flags)
 {
@@ -174,17 +254,15 @@ int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned 
     if (ipcc_config.disabled || !pdptr || current_context(&ctx, &ctx_id) < 0)
         return open_uncached(slot, pdptr, h, flags);
 
-    struct ipcc_key key;
     uint64_t dptr;
-    ipcc_key_init(&key, ctx_id, h->reserved, flags);
-    ipcc_lock();
-    int hit = ipcc_cache_acquire(ipcc_table(), &key, &dptr);
-    ipcc_unlock();
-    if (hit) {
+    if (ipcc_cache_open_lent(ipcc_table(), ctx_id, h->reserved, flags, &dptr) ||
+        open_recent(ctx_id, h, flags, &dptr) || open_cached(ctx_id, h, flags, &dptr)) {
         IPCC_COUNT(hits);
         *pdptr = (CUdeviceptr)dptr;
         return CUDA_SUCCESS;
     }
+    struct ipcc_key key;
+    ipcc_key_init(&key, ctx_id, h->reserved, flags);
     open_fn real = real_open(slot);
     return real ? open_miss(real, &key, ctx, pdptr, *h, flags) : NO_DRIVER;
 }
@@ -217,6 +295,11 @@ int ipcc_close(uint64_t dptr)
     uint64_t ctx_id;
     if (ipcc_config.disabled || current_context(&ctx, &ctx_id) < 0)
         return passthrough_close(real, (CUdeviceptr)dptr);
+    /* The budget had room for it idle when it was lent: nothing to evict. */
+    if (ipcc_cache_close_lent(ipcc_table(), ctx_id, dptr, coarse_now_ns())) {
+        IPCC_COUNT(close_cached);
+        return CUDA_SUCCESS;
+    }
 
     const struct ipcc_victim self = { ctx, ctx_id, dptr, 0 };
     ipcc_lock();

@@ -2,7 +2,9 @@
  * legacy_table.c - the table of cached IPC mappings.
  *
  * Pure data structure: no CUDA, no I/O, no locking (the caller holds the one
- * lock). Two indexes over the same entries, both uthash:
+ * lock, except for the calls on an entry lent to the calling thread, which
+ * need none: see "entries lent to a thread"). Two indexes over the same
+ * entries, both uthash:
  *   by_key  (context id, handle, flags) -> entry   used by opens
  *   by_ptr  (context id, device pointer) -> entry  used by closes
  * One entry per mapping, holding exactly one driver reference. When the
@@ -67,6 +69,10 @@ struct ipcc_entry {
     uint64_t refs;                      /* the application's, all keys together */
     uint64_t idle_ns;                   /* when it last went idle */
     int top_slot;                       /* -1: not mirrored */
+    int lent_slot;                      /* -1: not lent (see lent_slots) */
+    const void *last_user;              /* the thread of its last locked use */
+    unsigned runs;                      /* locked uses in a row by that thread */
+    unsigned steals;                    /* loans taken back by another thread */
     struct ipcc_entry *prev, *next;     /* LRU, only while idle */
     struct ipcc_alias *aliases;         /* other keys of this mapping */
     UT_hash_handle hh_key, hh_ptr;
@@ -88,6 +94,89 @@ struct ipcc_cache {
     struct ipcc_cache_gauges gauges;
     struct ipcc_top_slot top[IPCC_TOP_SLOTS];
 };
+
+/* ---- the calling thread's last hit -------------------------------------- */
+
+/*
+ * A thread that opens and closes one handle again and again finds its entry
+ * here, without hashing the key or searching either index. The memo is the
+ * thread's own; it is used only under the caller's lock, and only while no
+ * entry has left a table since it was taken (removed_gen): an entry freed
+ * since may lie at the same address.
+ */
+static uint64_t removed_gen;
+
+static __thread struct {
+    const struct ipcc_cache *c;
+    struct ipcc_entry *e;
+    uint64_t gen;
+    uint64_t ctx_id;
+    uint32_t flags;
+    unsigned char handle[IPCC_HANDLE_BYTES];
+} recent __attribute__((tls_model("initial-exec")));
+
+static void remember_recent(const struct ipcc_cache *c, struct ipcc_entry *e,
+                            const struct ipcc_key *k)
+{
+    recent.c = c;
+    recent.e = e;
+    recent.gen = removed_gen;
+    recent.ctx_id = k->ctx_id;
+    recent.flags = k->flags;
+    memcpy(recent.handle, k->handle, IPCC_HANDLE_BYTES);
+}
+
+/* The thread's last entry of c if it is still there (lock held). */
+static struct ipcc_entry *recent_entry(const struct ipcc_cache *c)
+{
+    return recent.c == c && recent.gen == removed_gen ? recent.e : NULL;
+}
+
+/* ---- entries lent to a thread: its hits need no lock ------------------ */
+
+/*
+ * A thread that hits one entry again and again may be lent it: from then on
+ * its opens and closes of that entry count references in its lent slot with
+ * one atomic operation on a line no other thread writes, without the lock,
+ * the hash or the table. While lent, the entry is off the table's books (the
+ * exact gauges and the LRU list): its other references are frozen in the
+ * slot (base_refs), and whoever needs the entry exactly, under the lock,
+ * recalls it first (a close or open of it by another thread, an eviction, a
+ * teardown, the exporter's let-go, fork). Recalling swaps the slot's state
+ * to 0, so the owner's next atomic operation fails and it takes the locked
+ * path. Slots are static, so neither the owner nor the signal handler ever
+ * touches freed memory.
+ *
+ * The idle budget holds without looking at each lent close: an entry is lent
+ * only when the budget has room for it idle (the caller checks), and every
+ * budget check counts lent entries as idle (ipcc_cache_lent_totals).
+ */
+#define LENT_SLOTS 64
+#define LENT (1ULL << 63)               /* state: an entry is lent */
+#define LENT_REFS (LENT - 1)            /* state: the owner's references */
+
+struct lent_slot {
+    _Atomic uint64_t state;
+    _Atomic uint64_t last_close_ns;     /* the owner's, for the LRU order */
+    _Atomic uint64_t base_refs;         /* the entry's other references */
+    _Atomic uint64_t bytes;
+    _Atomic(const struct ipcc_cache *) cache;
+    struct ipcc_entry *entry;           /* lock held */
+    _Atomic int taken;                  /* by a thread, for its life */
+} __attribute__((aligned(64)));
+
+static struct lent_slot lent_slots[LENT_SLOTS];
+static _Atomic uint64_t lent_count, lent_bytes;  /* written under the lock */
+
+/* The calling thread's slot and what it was lent: read without the lock. */
+static __thread struct {
+    struct lent_slot *slot;
+    uint64_t ctx_id, dptr;
+    uint64_t floor_ns; /* the thread's latest precise stamp: its lent closes come after */
+    uint32_t flags;
+    int top;
+    unsigned char handle[IPCC_HANDLE_BYTES];
+} lent __attribute__((tls_model("initial-exec")));
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -148,10 +237,98 @@ static void top_update(struct ipcc_cache *c, const struct ipcc_entry *e, int hit
     slot_store(&s->refs, e->refs);
 }
 
+static uint64_t max_u64(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Idle entries join the LRU list by the time they went idle: a recalled one
+ * may have gone idle before others already there. */
+static void lru_insert(struct ipcc_cache *c, struct ipcc_entry *e)
+{
+    struct ipcc_entry *after = c->lru ? c->lru->prev : NULL; /* the tail */
+    while (after && after->idle_ns > e->idle_ns)
+        after = after == c->lru ? NULL : after->prev;
+    if (after)
+        DL_APPEND_ELEM(c->lru, after, e);
+    else
+        DL_PREPEND(c->lru, e);
+}
+
+/* Lock held: puts a lent entry back on the table's books. */
+static void recall(struct ipcc_cache *c, struct lent_slot *s)
+{
+    uint64_t st = atomic_exchange_explicit(&s->state, 0, memory_order_acq_rel);
+    if (!(st & LENT))
+        return;
+    struct ipcc_entry *e = s->entry;
+    s->entry = NULL;
+    e->lent_slot = -1;
+    e->refs = atomic_load_explicit(&s->base_refs, memory_order_relaxed) + (st & LENT_REFS);
+    gauge_sub(&lent_count, 1);
+    gauge_sub(&lent_bytes, e->bytes);
+    if (e->refs == 0) {
+        e->idle_ns = atomic_load_explicit(&s->last_close_ns, memory_order_relaxed);
+        lru_insert(c, e);
+        gauge_add(&c->gauges.idle, 1);
+        gauge_add(&c->gauges.idle_bytes, e->bytes);
+    } else {
+        gauge_add(&c->gauges.live, 1);
+    }
+    top_update(c, e, 0);
+}
+
+static void recall_entry(struct ipcc_cache *c, struct ipcc_entry *e)
+{
+    if (e && e->lent_slot >= 0)
+        recall(c, &lent_slots[e->lent_slot]);
+}
+
+/* Lock held: this thread is about to use e; a loan of it comes back. Each
+ * loan another thread took back doubles the locked uses in a row by one
+ * thread an entry needs before it is lent again (up to 64), so that threads
+ * sharing one entry do not take it from each other at every call: they
+ * share it on the locked path. */
+#define MAX_STEALS 6
+
+static void claim_entry(struct ipcc_cache *c, struct ipcc_entry *e)
+{
+    const void *me = &lent;
+    if (!e)
+        return;
+    if (e->lent_slot >= 0) {
+        if (&lent_slots[e->lent_slot] != lent.slot) {
+            e->last_user = NULL;
+            if (e->steals < MAX_STEALS)
+                e->steals++;
+        }
+        recall(c, &lent_slots[e->lent_slot]);
+    }
+    e->runs = e->last_user == me ? e->runs + (e->runs < 255) : 1;
+    e->last_user = me;
+}
+
+static int lendable(const struct ipcc_entry *e)
+{
+    return e->refs > 0 && e->lent_slot < 0 && e->runs > (1u << e->steals) - 1;
+}
+
+/* Lock held: every entry of c lent to any thread comes back. */
+static void recall_all(struct ipcc_cache *c)
+{
+    if (atomic_load_explicit(&lent_count, memory_order_relaxed) == 0)
+        return;
+    for (int i = 0; i < LENT_SLOTS; i++)
+        if (atomic_load_explicit(&lent_slots[i].cache, memory_order_relaxed) == c)
+            recall(c, &lent_slots[i]);
+}
+
 /* Take an entry off every index and the gauges, freeing its aliases; the
  * caller frees the entry. */
 static void unlink_entry(struct ipcc_cache *c, struct ipcc_entry *e)
 {
+    recall_entry(c, e);
+    removed_gen++; /* every thread's memo of a hit is stale now */
     HASH_DELETE(hh_key, c->by_key, e);
     HASH_DELETE(hh_ptr, c->by_ptr, e);
     while (e->aliases) {
@@ -192,7 +369,11 @@ static void remove_entry(struct ipcc_cache *c, struct ipcc_entry *e,
 /* Returns an empty table, or NULL when out of memory. */
 struct ipcc_cache *ipcc_cache_create(void)
 {
-    return calloc(1, sizeof(struct ipcc_cache));
+    /* Aligned as its mirror slots are, a line each. */
+    struct ipcc_cache *c = aligned_alloc(_Alignof(struct ipcc_cache), sizeof(struct ipcc_cache));
+    if (c)
+        memset(c, 0, sizeof(*c));
+    return c;
 }
 
 /* Forgets every entry without closing anything: for the fork child, whose
@@ -200,6 +381,7 @@ struct ipcc_cache *ipcc_cache_create(void)
  * signal handler reading its gauges never sees freed memory. */
 void ipcc_cache_clear(struct ipcc_cache *c)
 {
+    recall_all(c);
     struct ipcc_entry *e, *tmp;
     HASH_ITER(hh_key, c->by_key, e, tmp) {
         unlink_entry(c, e);
@@ -233,11 +415,13 @@ static struct ipcc_entry *find_key(struct ipcc_cache *c, const struct ipcc_key *
 {
     struct ipcc_entry *e;
     HASH_FIND_BYHASHVALUE(hh_key, c->by_key, k, KEY_BYTES, k->hash, e);
-    if (e || !c->by_alias)
-        return e;
-    struct ipcc_alias *a;
-    HASH_FIND_BYHASHVALUE(hh, c->by_alias, k, KEY_BYTES, k->hash, a);
-    return a ? a->entry : NULL;
+    if (!e && c->by_alias) {
+        struct ipcc_alias *a;
+        HASH_FIND_BYHASHVALUE(hh, c->by_alias, k, KEY_BYTES, k->hash, a);
+        e = a ? a->entry : NULL;
+    }
+    claim_entry(c, e);
+    return e;
 }
 
 static void take_ref(struct ipcc_cache *c, struct ipcc_entry *e)
@@ -252,14 +436,41 @@ static void take_ref(struct ipcc_cache *c, struct ipcc_entry *e)
 
 /* On a hit takes one reference, stores the mapping's pointer in *dptr and
  * returns 1; returns 0 on a miss and leaves *dptr alone. */
+static void hit(struct ipcc_cache *c, struct ipcc_entry *e, uint64_t *dptr)
+{
+    take_ref(c, e);
+    top_update(c, e, 1);
+    *dptr = e->pkey.dptr;
+}
+
 int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k, uint64_t *dptr)
 {
     struct ipcc_entry *e = find_key(c, k);
     if (!e)
         return 0;
-    take_ref(c, e);
-    top_update(c, e, 1);
-    *dptr = e->pkey.dptr;
+    hit(c, e, dptr);
+    remember_recent(c, e, k);
+    return 1;
+}
+
+/* Whether (ctx_id, handle, flags) is what this thread last hit or inserted:
+ * a thread-local comparison, made before taking the lock. */
+int ipcc_cache_recent_is(uint64_t ctx_id, const void *handle, uint32_t flags)
+{
+    return recent.e && recent.ctx_id == ctx_id && recent.flags == flags &&
+           memcmp(recent.handle, handle, IPCC_HANDLE_BYTES) == 0;
+}
+
+/* ipcc_cache_acquire of the key ipcc_cache_recent_is matched, without
+ * looking it up: 0 when that entry has left the table meanwhile (the
+ * caller then looks the key up). */
+int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr)
+{
+    struct ipcc_entry *e = recent_entry(c);
+    if (!e)
+        return 0;
+    claim_entry(c, e);
+    hit(c, e, dptr);
     return 1;
 }
 
@@ -282,6 +493,7 @@ static int add_alias(struct ipcc_cache *c, struct ipcc_entry *e, const struct ip
     e->aliases = a;
     take_ref(c, e);
     top_update(c, e, 0);
+    remember_recent(c, e, k);
     return 0;
 }
 
@@ -305,6 +517,7 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     struct ipcc_entry *e;
     HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
     if (e) {
+        claim_entry(c, e);
         *cached_dptr = dptr;
         return add_alias(c, e, k);
     }
@@ -317,6 +530,9 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     e->ctx = ctx;
     e->bytes = bytes;
     e->refs = 1;
+    e->lent_slot = -1;
+    e->last_user = &lent;
+    e->runs = 1;
 
     ipcc_cache_oom = 0;
     HASH_ADD_BYHASHVALUE(hh_key, c->by_key, key, KEY_BYTES, k->hash, e);
@@ -332,7 +548,20 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     }
     gauge_add(&c->gauges.live, 1);
     top_attach(c, e, now_ns);
+    remember_recent(c, e, k);
     return 1;
+}
+
+/* The entry of the mapping at dptr in context ctx_id; NULL if none. */
+static struct ipcc_entry *find_ptr(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr)
+{
+    struct ipcc_entry *e = recent_entry(c);
+    if (!(e && e->pkey.dptr == dptr && e->pkey.ctx_id == ctx_id)) {
+        struct ptr_key pk = { .ctx_id = ctx_id, .dptr = dptr };
+        HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
+    }
+    claim_entry(c, e);
+    return e;
 }
 
 /* Drops one reference of the mapping at dptr in context ctx_id. At zero the
@@ -343,9 +572,8 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
 enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_id,
                                             uint64_t dptr, uint64_t now_ns)
 {
-    struct ptr_key pk = { .ctx_id = ctx_id, .dptr = dptr };
-    struct ipcc_entry *e;
-    HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
+    ipcc_cache_lent_floor(now_ns);
+    struct ipcc_entry *e = find_ptr(c, ctx_id, dptr);
     if (!e)
         return IPCC_RELEASE_NOT_FOUND;
     if (e->refs == 0) {
@@ -390,6 +618,7 @@ size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
                         uint64_t max_idle_entries, struct ipcc_victim *out, size_t cap)
 {
     size_t n = 0;
+    recall_all(c);
     while (n < cap && c->lru && ipcc_cache_over_caps(c, max_idle_bytes, max_idle_entries))
         remove_entry(c, c->lru, out, cap, &n);
     return n;
@@ -402,6 +631,7 @@ size_t ipcc_cache_evict_other_contexts(struct ipcc_cache *c, uint64_t keep_ctx_i
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
+    recall_all(c);
     DL_FOREACH_SAFE(c->lru, e, tmp) {
         if (n == cap)
             break;
@@ -418,6 +648,7 @@ size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
+    recall_all(c);
     HASH_ITER(hh_key, c->by_key, e, tmp) {
         if (e->key.ctx_id == ctx_id)
             remove_entry(c, e, out, cap, &n);
@@ -468,6 +699,7 @@ size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
+    recall_all(c);
     HASH_ITER(hh_key, c->by_key, e, tmp) {
         if (memcmp(e->key.handle, handle, IPCC_HANDLE_BYTES) != 0)
             continue;
@@ -477,4 +709,202 @@ size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
             remove_entry(c, e, out, cap, &n);
     }
     return n;
+}
+
+/* ---- lending: see "entries lent to a thread" above ------------------------ */
+
+/* The calling thread's slot, taken the first time; NULL when all are taken. */
+static struct lent_slot *my_slot(void)
+{
+    if (lent.slot)
+        return lent.slot;
+    for (int i = 0; i < LENT_SLOTS; i++) {
+        int free_slot = 0;
+        if (atomic_compare_exchange_strong(&lent_slots[i].taken, &free_slot, 1))
+            return lent.slot = &lent_slots[i];
+    }
+    return NULL;
+}
+
+/*
+ * Lock held, right after this thread's hit or insert of an entry (its
+ * memo): lends that entry to the thread, the reference just taken being the
+ * thread's own, if the idle budget has room for it (room_entries, room_bytes:
+ * what the caps leave, counting what is lent as idle). The thread's previous
+ * loan comes back first. Returns 1 when lent.
+ */
+/* Lock held: whether this thread's last hit could be lent it, budget aside. */
+int ipcc_cache_recent_lendable(struct ipcc_cache *c)
+{
+    struct ipcc_entry *e = recent_entry(c);
+    return e && lendable(e);
+}
+
+int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_entries,
+                           uint64_t room_bytes)
+{
+    struct ipcc_entry *e = recent_entry(c);
+    if (!e || !lendable(e) || room_entries < 1 || room_bytes < e->bytes)
+        return 0;
+    struct lent_slot *s = my_slot();
+    if (!s)
+        return 0;
+    const struct ipcc_cache *had = atomic_load_explicit(&s->cache, memory_order_relaxed);
+    if (had == c)
+        recall(c, s);
+    else if (had && (atomic_load(&s->state) & LENT))
+        return 0; /* lent from another table (unit tests only): keep it */
+    gauge_sub(&c->gauges.live, 1);
+    gauge_add(&lent_count, 1);
+    gauge_add(&lent_bytes, e->bytes);
+    e->lent_slot = (int)(s - lent_slots);
+    s->entry = e;
+    atomic_store_explicit(&s->cache, c, memory_order_relaxed);
+    atomic_store_explicit(&s->base_refs, e->refs - 1, memory_order_relaxed);
+    atomic_store_explicit(&s->bytes, e->bytes, memory_order_relaxed);
+    atomic_store_explicit(&s->last_close_ns, now_ns, memory_order_relaxed);
+    lent.ctx_id = e->key.ctx_id;
+    lent.flags = recent.flags;
+    memcpy(lent.handle, recent.handle, IPCC_HANDLE_BYTES);
+    lent.dptr = e->pkey.dptr;
+    ipcc_cache_lent_floor(now_ns);
+    lent.top = e->top_slot;
+    atomic_store_explicit(&s->state, LENT | 1, memory_order_release);
+    return 1;
+}
+
+static void lent_top_update(struct ipcc_cache *c, uint64_t st, int hit_count)
+{
+    if (lent.top < 0)
+        return;
+    struct ipcc_top_slot *t = &c->top[lent.top];
+    /* A recall in between may race with these stores: the mirror may be
+     * one hit short, as the stats line allows. */
+    if (hit_count)
+        slot_store(&t->hits, atomic_load_explicit(&t->hits, memory_order_relaxed) + 1);
+    slot_store(&t->refs, atomic_load_explicit(&lent.slot->base_refs, memory_order_relaxed) +
+                             (st & LENT_REFS));
+}
+
+/* No lock: an open of what this thread was lent takes one of its own
+ * references. 1 and *dptr set, or 0: the locked path must answer. */
+int ipcc_cache_open_lent(struct ipcc_cache *c, uint64_t ctx_id, const void *handle,
+                         uint32_t flags, uint64_t *dptr)
+{
+    struct lent_slot *s = lent.slot;
+    if (!s || lent.ctx_id != ctx_id || lent.flags != flags ||
+        memcmp(lent.handle, handle, IPCC_HANDLE_BYTES) != 0)
+        return 0;
+    uint64_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    if (!(st & LENT) || (st & LENT_REFS) == LENT_REFS ||
+        !atomic_compare_exchange_strong_explicit(&s->state, &st, st + 1, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        return 0;
+    lent_top_update(c, st + 1, 1);
+    *dptr = lent.dptr;
+    return 1;
+}
+
+/* No lock: a close of what this thread was lent, while it holds a reference
+ * of its own there; 0 otherwise (the locked path answers: another thread's
+ * reference, a close past zero). */
+int ipcc_cache_close_lent(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr, uint64_t now_ns)
+{
+    struct lent_slot *s = lent.slot;
+    if (!s || lent.dptr != dptr || lent.ctx_id != ctx_id)
+        return 0;
+    uint64_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    if (!(st & LENT) || (st & LENT_REFS) == 0)
+        return 0;
+    /* Before the exchange, so that a recall sees it. */
+    atomic_store_explicit(&s->last_close_ns, max_u64(now_ns, lent.floor_ns), memory_order_relaxed);
+    if (!atomic_compare_exchange_strong_explicit(&s->state, &st, st - 1, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        return 0;
+    lent_top_update(c, st - 1, 0);
+    return 1;
+}
+
+/* Lock held: the calling thread's loan comes back (it exits, or makes a
+ * call whose order against its closes matters); its slot too, with give_up. */
+void ipcc_cache_return_lent(struct ipcc_cache *c, int give_up)
+{
+    struct lent_slot *s = lent.slot;
+    if (!s)
+        return;
+    if (atomic_load_explicit(&s->cache, memory_order_relaxed) == c)
+        recall(c, s);
+    if (give_up) {
+        atomic_store(&s->cache, NULL);
+        atomic_store(&s->taken, 0);
+        lent.slot = NULL;
+    }
+}
+
+/* A precise time of something this thread just did (a locked close, a
+ * lend, a VMM call that may leave something idle): its lent closes from now
+ * on are ordered after it, though their own clock is coarse. */
+void ipcc_cache_lent_floor(uint64_t now_ns)
+{
+    lent.floor_ns = max_u64(lent.floor_ns, now_ns);
+}
+
+/* Whether this thread has an entry lent (one load). */
+int ipcc_cache_has_lent(void)
+{
+    return lent.slot && (atomic_load_explicit(&lent.slot->state, memory_order_relaxed) & LENT);
+}
+
+/* What is lent now, all tables together: counted as idle by every budget
+ * check. Async-signal-safe. */
+void ipcc_cache_lent_totals(uint64_t *entries, uint64_t *bytes)
+{
+    *entries = atomic_load_explicit(&lent_count, memory_order_relaxed);
+    *bytes = atomic_load_explicit(&lent_bytes, memory_order_relaxed);
+}
+
+/* The gauges as the program would see them, lent entries counted live or
+ * idle by their references at this moment (fields may be momentarily
+ * inconsistent). Async-signal-safe: static slots and atomics only. */
+void ipcc_cache_gauges_now(const struct ipcc_cache *c, struct ipcc_cache_totals *out)
+{
+    out->live = atomic_load_explicit(&c->gauges.live, memory_order_relaxed);
+    out->idle = atomic_load_explicit(&c->gauges.idle, memory_order_relaxed);
+    out->idle_bytes = atomic_load_explicit(&c->gauges.idle_bytes, memory_order_relaxed);
+    if (atomic_load_explicit(&lent_count, memory_order_relaxed) == 0)
+        return;
+    for (int i = 0; i < LENT_SLOTS; i++) {
+        const struct lent_slot *s = &lent_slots[i];
+        uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+        if (!(st & LENT) || atomic_load_explicit(&s->cache, memory_order_relaxed) != c)
+            continue;
+        if (atomic_load_explicit(&s->base_refs, memory_order_relaxed) + (st & LENT_REFS) > 0) {
+            out->live++;
+        } else {
+            out->idle++;
+            out->idle_bytes += atomic_load_explicit(&s->bytes, memory_order_relaxed);
+        }
+    }
+}
+
+/* Lock held: every loan of c comes back (an eviction compares idle times). */
+void ipcc_cache_recall_all(struct ipcc_cache *c)
+{
+    recall_all(c);
+}
+
+/* Fork child: the other threads and their loans are gone; this thread
+ * forgets its slot. The table is cleared after. */
+void ipcc_cache_lent_fork_child(struct ipcc_cache *c)
+{
+    if (c)
+        recall_all(c);
+    for (int i = 0; i < LENT_SLOTS; i++) {
+        atomic_store(&lent_slots[i].state, 0);
+        atomic_store(&lent_slots[i].cache, NULL);
+        atomic_store(&lent_slots[i].taken, 0);
+    }
+    atomic_store(&lent_count, 0);
+    atomic_store(&lent_bytes, 0);
+    lent.slot = NULL;
 }

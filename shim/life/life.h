@@ -62,7 +62,7 @@ struct ipcc_top_slot {
     _Atomic uint64_t refs;
     _Atomic uint64_t bytes;
     _Atomic uint64_t created_ns;
-};
+} __attribute__((aligned(64))); /* a line each: threads hitting two entries do not share one */
 
 /* Both kinds' gauges, read at one moment (fields may be momentarily
  * inconsistent). idle and idle_bytes count both kinds; vmm_* the VMM part. */

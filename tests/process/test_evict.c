@@ -170,3 +170,33 @@ Test(evict, extra_close_during_eviction_is_the_drivers_error, .timeout = 10)
                  CUDA_ERROR_INVALID_VALUE, l.rc);
     cr_assert_eq(fakecuda_refcount(l.ctx, l.ptr), 0);
 }
+
+/* A close without the lock (of the entry lent to this thread, ordered by a
+ * coarse clock) still counts as after this thread's earlier closes: here c,
+ * lent since its open, is closed after a, so a is the older one and goes. */
+Test(evict, lent_close_keeps_the_threads_order, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
+    tu_context();
+    CUdeviceptr a = tu_open(tu_handle(35, 4096));
+    CUdeviceptr c = tu_open(tu_handle(36, 4096)); /* lent from here on */
+    tu_close(a);
+    tu_close(c);
+    tu_close(tu_open(tu_handle(37, 4096)));
+    cr_assert_eq(tu_driver().unmaps, 1);
+    cr_assert_eq(fakecuda_refcount(NULL, a), 0, "the older idle entry went");
+    cr_assert_eq(fakecuda_refcount(NULL, c), 1, "the entry closed last stayed");
+}
+
+/* No room in the budget, nothing lent: with no idle entry allowed every
+ * close, repeated ones included, really closes. */
+Test(evict, nothing_lent_without_room, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "0", 1);
+    tu_context();
+    CUipcMemHandle h = tu_handle(38, 4096);
+    for (int i = 0; i < 4; i++)
+        tu_close(tu_open(h));
+    cr_assert_eq(tu_driver().maps, 4);
+    cr_assert_eq(tu_driver().unmaps, 4);
+}

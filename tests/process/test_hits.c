@@ -301,3 +301,35 @@ Test(hits, without_context_ids_every_call_reaches_the_driver, .timeout = 10)
     cr_assert_eq(tu_driver().unmaps, 1);
     cr_assert_eq(cuIpcCloseMemHandle(a), CUDA_ERROR_INVALID_VALUE);
 }
+
+/* A thread remembers its last hit; once that entry has left the table (here
+ * by a close past zero), the next open of the handle is a real one again. */
+Test(hits, remembered_hit_gone_from_the_table_is_a_miss, .timeout = 10)
+{
+    tu_context();
+    CUipcMemHandle h = tu_handle(40, 4096);
+    tu_close(tu_open(h));
+    CUdeviceptr p = tu_open(h); /* a hit: now remembered */
+    tu_close(p);
+    cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE, "past zero: the driver's answer");
+    cr_assert_eq(fakecuda_refcount(NULL, p), 0);
+    CUdeviceptr q = tu_open(h);
+    cr_assert_eq(tu_driver().open_calls, 2, "the removed entry was handed out again");
+    cr_assert_eq(fakecuda_refcount(NULL, q), 1);
+    tu_close(q);
+}
+
+/* A close of another mapping than the one last hit is counted on its own
+ * entry, not on the remembered one. */
+Test(hits, close_of_another_mapping_counts_on_its_own_entry, .timeout = 10)
+{
+    tu_context();
+    CUdeviceptr a = tu_open(tu_handle(41, 4096));
+    CUdeviceptr b = tu_open(tu_handle(42, 4096)); /* remembered */
+    tu_close(a);
+    tu_close(b);
+    cr_assert_eq(cuIpcCloseMemHandle(a), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuIpcCloseMemHandle(b), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(fakecuda_refcount(NULL, a), 0);
+    cr_assert_eq(fakecuda_refcount(NULL, b), 0);
+}

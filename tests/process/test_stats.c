@@ -194,3 +194,25 @@ Test(stats, disabled_is_pure_passthrough, .timeout = 10)
     cr_assert_eq(tu_driver().unmaps, 3);
     cr_assert_not(handler_installed(SIGUSR1));
 }
+
+/* An entry lent to the thread that hits it (no lock) counts live while it
+ * holds it and idle after its close, once, like any other. */
+Test(stats, lent_entry_counted_once, .timeout = 10)
+{
+    const char *path = tu_stats_file();
+    tu_context();
+    CUipcMemHandle h = tu_handle(51, 1 << 20);
+    for (int i = 0; i < 5; i++)
+        tu_close(tu_open(h));
+    CUdeviceptr p = tu_open(h);
+    raise(SIGUSR1);
+    cr_assert_eq(tu_stat(path, "live"), 1);
+    cr_assert_eq(tu_stat(path, "idle"), 0);
+    tu_close(p);
+    raise(SIGUSR1);
+    cr_assert_eq(tu_stat(path, "live"), 0);
+    cr_assert_eq(tu_stat(path, "idle"), 1);
+    cr_assert_eq(tu_stat(path, "idle_bytes"), 1 << 20);
+    cr_assert_eq(tu_stat(path, "hits"), 5);
+    cr_assert_eq(tu_stat(path, "closes"), 6);
+}

@@ -3,6 +3,7 @@
  * leaked mappings, and a slow real map does not hold up other threads.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 
 #include "testutil.h"
@@ -114,4 +115,56 @@ Test(threads, slow_map_does_not_block_hits, .timeout = 30)
         tu_close(tu_open(hot));
     cr_assert_eq(atomic_load(&slow_open_done), 0, "hits waited for the slow map");
     pthread_join(t, NULL);
+}
+
+static CUdeviceptr lent_ptr;
+static atomic_int owner_ready, others_done;
+
+/* Opens one handle until it is lent, keeps one reference and stays alive
+ * (its loan with it) until the main thread is done. */
+static void *open_and_keep(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(shared_ctx);
+    CUipcMemHandle h = tu_handle(400, 1 << 20);
+    void *ret = NULL;
+    for (int i = 0; i < 3 && !ret; i++) { /* lent to this thread from the second on */
+        CUdeviceptr p = 0;
+        if (cuIpcOpenMemHandle(&p, h, 1) != CUDA_SUCCESS || cuIpcCloseMemHandle(p) != CUDA_SUCCESS)
+            ret = (void *)1;
+    }
+    if (!ret && cuIpcOpenMemHandle(&lent_ptr, h, 1) != CUDA_SUCCESS)
+        ret = (void *)2;
+    atomic_store(&owner_ready, 1);
+    while (!atomic_load(&others_done))
+        usleep(100);
+    return ret;
+}
+
+/* One thread's loan (it keeps one reference) is taken back when another
+ * opens and closes the entry: every reference is counted once, and the
+ * third close is past zero, the driver's answer. */
+Test(threads, loan_taken_back_by_another_thread, .timeout = 10)
+{
+    const char *stats = tu_stats_file();
+    shared_ctx = tu_context();
+    pthread_t t;
+    void *ret;
+    pthread_create(&t, NULL, open_and_keep, NULL);
+    while (!atomic_load(&owner_ready))
+        usleep(100);
+    CUdeviceptr p = tu_open(tu_handle(400, 1 << 20));
+    cr_assert_eq(p, lent_ptr);
+    tu_close(p);
+    tu_close(p); /* the other thread's reference */
+    cr_assert_eq(fakecuda_refcount(NULL, p), 1, "idle, the cache's reference");
+    raise(SIGUSR1);
+    cr_assert_eq(tu_stat(stats, "live"), 0, "the loan's reference was counted twice");
+    cr_assert_eq(tu_stat(stats, "idle"), 1);
+    cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(fakecuda_refcount(NULL, p), 0);
+    cr_assert_eq(tu_driver().maps, 1);
+    atomic_store(&others_done, 1);
+    pthread_join(t, &ret);
+    cr_assert_null(ret);
 }

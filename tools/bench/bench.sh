@@ -24,7 +24,12 @@
 #    (the copy `make peer-fetch` put in PEER_DIR/sglang), legacy and expandable
 #    segments, SGLang's cache off and on, A/B/A per repetition; its table goes
 #    into summary.md beside the pattern's (skipped, said so, without the copy).
-# 7. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
+# 7. hitpath: the legacy hit pair alone, A/B/A, threads 1/2/4/8/16 on one
+#    handle and on a handle each (16 allocations of 2 MiB), driver API and
+#    shared cudart, with cudart's own cost of a call (its pair beside the
+#    driver's entry point called directly); tools/bench/hitpath_report.py prints
+#    the table into hitpath.md.
+# 8. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
 #    (also printed: the tables for the README's Performance section); then
 #    tools/bench/bench_vmm_report.py adds the tables of 3-5 to summary.md.
 # With two or more GPUs, everything but 5 is also run across devices (GPU0 -> GPU1).
@@ -34,7 +39,7 @@
 #   BENCH_OUT     results folder (default results/<yyyymmdd>-<gpu-name>)
 #   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
-#   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost")
+#   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost hitpath")
 #   PEER_DIR      where `make peer-fetch` put sglang/ (default .peer)
 #   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
 set -u -o pipefail
@@ -48,18 +53,20 @@ LIB=${IPCCACHE_LIB:-build/libipccache.so}
 QUICK=${BENCH_QUICK:-0}
 BUILD=build/bench
 FAILURES=0
-PARTS=" ${BENCH_PARTS:-ipc sglang sglang-code vmm torch shapes ghost} "
+PARTS=" ${BENCH_PARTS:-ipc sglang sglang-code vmm torch shapes ghost hitpath} "
 SGLANG_FETCHED=${PEER_DIR:-.peer}/sglang
 
 if [ "$QUICK" = 1 ]; then
     REPS=${BENCH_REPS:-1}
     IPC_ARGS=(--real-iters 50 --held-iters 500 --hit-iters 5000 --max-mode-seconds 0.5)
+    HIT_ARGS=(--real-iters 20 --held-iters 2000 --hit-iters 200000 --max-mode-seconds 0.5)
     SG_ARGS=(--warmup 20 --requests 200 --rate-requests 200 --rate 200)
     VMM_ITERS=50 TORCH_ARGS=(--features 200 --steps 10 --warmup 2) GHOST_ITERS=20
     SGLANG_CODE_ARGS=(--features 200 --warmup 10)
 else
     REPS=${BENCH_REPS:-3}
     IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
+    HIT_ARGS=(--real-iters 20 --held-iters 5000 --hit-iters 1000000 --max-mode-seconds 1.5)
     SG_ARGS=(--warmup 50 --requests 500 --rate-requests 500 --rate 200)
     VMM_ITERS=200 TORCH_ARGS=(--features 500 --steps 60 --warmup 5) GHOST_ITERS=200
     SGLANG_CODE_ARGS=(--features 500 --warmup 20)
@@ -292,6 +299,23 @@ report_sglang_code() {
     } >>"$OUT/summary.md"
 }
 
+# The hit pair with threads, one 512 MiB handle shared or 16 of 2 MiB, one each.
+bench_hitpath() {
+    local rep api csvs=()
+    fresh "$BUILD/ipcbench_shared" tools/bench/ipcbench.cu || build_ipcbench || { FAILURES=$((FAILURES + 1)); return; }
+    for rep in $(seq 1 "$REPS"); do
+        for api in driver runtime; do
+            note "hitpath $api r$rep"
+            timeout "$RUN_TIMEOUT" env -u LD_PRELOAD "$BUILD/ipcbench_shared" --api "$api" --sizes 512M \
+                --threads 1,2,4,8,16 --distinct 16 --distinct-size 2M --shim "$LIB" "${HIT_ARGS[@]}" \
+                >"$RAW/hitpath_${api}_r$rep.csv" 2>"$RAW/hitpath_${api}_r$rep.log" ||
+                { note "hitpath $api r$rep failed (see $RAW/hitpath_${api}_r$rep.log)"; FAILURES=$((FAILURES + 1)); }
+            csvs+=("$RAW/hitpath_${api}_r$rep.csv")
+        done
+    done
+    "$PYTHON" tools/bench/hitpath_report.py "${csvs[@]}" | tee "$OUT/hitpath.md" || FAILURES=$((FAILURES + 1))
+}
+
 bench_ipc_sglang() {
     local rep dev have_torch=$1
     build_ipcbench || exit 1
@@ -328,6 +352,7 @@ main() {
     if part torch && [ "$have_torch" = 1 ]; then bench_torch; fi
     if part shapes && [ "$have_torch" = 1 ]; then bench_shapes; fi
     if part ghost; then bench_ghost; fi
+    if part hitpath; then bench_hitpath; fi
     note "measurements took $((SECONDS - started)) s"
     if part ipc || part sglang; then
         "$PYTHON" tools/bench/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||

@@ -17,6 +17,12 @@
 //   shim_hit_pair    under ipccache, after one excluded miss: cache hits.
 //   *_Nthreads       N threads hammer the same handle; per-pair latency over
 //                    all threads, plus aggregate pairs per second.
+//   *_distinct_Nthreads  with --distinct K: each of N <= K threads hammers a
+//                    handle of its own (K more allocations of --distinct-size).
+//   *_entry          --api runtime only: the same pair through the driver's
+//                    cuIpcOpenMemHandle/cuIpcCloseMemHandle, found with
+//                    cudaGetDriverEntryPointByVersion; beside the cudart pair it
+//                    shows what cudart itself adds to a call.
 //
 // --api runtime uses cudaIpcOpenMemHandle/cudaIpcCloseMemHandle (build with
 // -cudart static and -cudart shared); --api driver uses cuIpcOpenMemHandle /
@@ -53,7 +59,9 @@ enum class Api { Runtime, Driver };
 struct Options {
     Api api = Api::Runtime;
     std::vector<size_t> sizes = {2ull << 20, 64ull << 20, 512ull << 20, 4ull << 30};
-    std::vector<int> threads = {1, 2, 4, 8};
+    std::vector<int> threads = {1, 2, 4, 8, 16};
+    int distinct = 0;                 // extra allocations, one handle per thread
+    size_t distinct_size = 2ull << 20;
     int device = 0;          // importer's device
     int export_device = 0;
     const char *shim = nullptr;
@@ -98,10 +106,29 @@ static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(Handle), "handle size");
 static_assert(sizeof(CUipcMemHandle) == sizeof(Handle), "handle size");
 
 // The importer's view of one API: bind a thread, open, close.
+typedef CUresult (*drv_open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+typedef CUresult (*drv_close_fn)(CUdeviceptr);
+
 struct IpcOps {
     Api api;
     int device;
     CUcontext ctx = nullptr;
+    // Set by use_driver_entry: the runtime's own driver entry points.
+    drv_open_fn entry_open = nullptr;
+    drv_close_fn entry_close = nullptr;
+
+    // The driver functions as cudart finds them (through the shim in pass B).
+    bool use_driver_entry() {
+        cudaDriverEntryPointQueryResult q1, q2;
+        void *o = nullptr, *c = nullptr;
+        if (cudaGetDriverEntryPointByVersion("cuIpcOpenMemHandle", &o, 11000, cudaEnableDefault, &q1) ||
+            cudaGetDriverEntryPointByVersion("cuIpcCloseMemHandle", &c, 4010, cudaEnableDefault, &q2) ||
+            !o || !c)
+            return false;
+        entry_open = (drv_open_fn)o;
+        entry_close = (drv_close_fn)c;
+        return true;
+    }
 
     int init() {
         if (api == Api::Runtime) {
@@ -121,6 +148,14 @@ struct IpcOps {
         return api == Api::Runtime ? (int)cudaSetDevice(device) : (int)cuCtxSetCurrent(ctx);
     }
     int open(const Handle &h, void **p) const {
+        if (entry_open) {
+            CUipcMemHandle dh;
+            memcpy(&dh, h.bytes, sizeof dh);
+            CUdeviceptr d = 0;
+            CUresult r = entry_open(&d, dh, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+            *p = (void *)(uintptr_t)d;
+            return (int)r;
+        }
         if (api == Api::Runtime) {
             cudaIpcMemHandle_t rh;
             memcpy(&rh, h.bytes, sizeof rh);
@@ -134,6 +169,7 @@ struct IpcOps {
         return (int)r;
     }
     int close(void *p) const {
+        if (entry_close) return (int)entry_close((CUdeviceptr)(uintptr_t)p);
         if (api == Api::Runtime) return (int)cudaIpcCloseMemHandle(p);
         return (int)cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)p);
     }
@@ -184,9 +220,10 @@ Result run_single(const IpcOps &ops, const Handle &h, int iters, uint64_t max_ns
     return r;
 }
 
-// N threads, released together by a barrier, share `iters` pairs.
-Result run_threads(const IpcOps &ops, const Handle &h, int iters, int nthreads, uint64_t max_ns,
-                   int batch = 1) {
+// N threads, released together by a barrier, share `iters` pairs; thread t
+// uses handle hs[t % hs.size()].
+Result run_threads(const IpcOps &ops, const std::vector<Handle> &hs, int iters, int nthreads,
+                   uint64_t max_ns, int batch = 1) {
     pthread_barrier_t barrier;
     pthread_barrier_init(&barrier, nullptr, (unsigned)nthreads);
     std::vector<std::vector<uint64_t>> samples(nthreads);
@@ -200,7 +237,7 @@ Result run_threads(const IpcOps &ops, const Handle &h, int iters, int nthreads, 
             samples[t].reserve(share);
             pthread_barrier_wait(&barrier);
             start[t] = now_ns();
-            if (!errors[t]) time_pairs(ops, h, share, batch, max_ns, &samples[t], &errors[t]);
+            if (!errors[t]) time_pairs(ops, hs[t % hs.size()], share, batch, max_ns, &samples[t], &errors[t]);
             end[t] = now_ns();
         });
     }
@@ -214,6 +251,11 @@ Result run_threads(const IpcOps &ops, const Handle &h, int iters, int nthreads, 
     }
     r.wall_ns = *std::max_element(end.begin(), end.end()) - *std::min_element(start.begin(), start.end());
     return r;
+}
+
+Result run_threads(const IpcOps &ops, const Handle &h, int iters, int nthreads, uint64_t max_ns,
+                   int batch = 1) {
+    return run_threads(ops, std::vector<Handle>{h}, iters, nthreads, max_ns, batch);
 }
 
 uint64_t percentile(std::vector<uint64_t> v, double q) {
@@ -265,6 +307,7 @@ struct Importer {
     IpcOps ops;
     FILE *reply;
     std::string cudart;
+    IpcOps *entry_ops = nullptr;  // --api runtime: the driver's entry points as cudart finds them
 
     void send(const char *fmt, ...) __attribute__((format(printf, 2, 3))) {
         va_list ap;
@@ -312,6 +355,7 @@ struct Importer {
             return;
         }
         emit(size, "held_pair", 1, run_single(ops, h, o.held_iters, cap));
+        if (entry_ops) emit(size, "held_pair_entry", 1, run_single(*entry_ops, h, o.held_iters, cap));
         for (int n : o.threads) {
             std::string mode = "held_pair_" + std::to_string(n) + "threads";
             emit(size, mode.c_str(), n, run_threads(ops, h, o.held_iters, n, cap));
@@ -328,10 +372,35 @@ struct Importer {
             return;
         }
         emit(size, "shim_hit_pair", 1, run_single(ops, h, o.hit_iters, cap, o.hit_batch));
+        if (entry_ops)
+            emit(size, "shim_hit_pair_entry", 1, run_single(*entry_ops, h, o.hit_iters, cap, o.hit_batch));
         for (int n : o.threads) {
             std::string mode = "shim_hit_pair_" + std::to_string(n) + "threads";
             emit(size, mode.c_str(), n, run_threads(ops, h, o.hit_iters, n, cap, o.hit_batch));
         }
+    }
+
+    // Each thread on a handle of its own: without the shim one reference of
+    // each is held (the driver's refcount path), with it one miss each first.
+    void measure_distinct(size_t size, const std::vector<Handle> &hs, bool shim) {
+        uint64_t cap = (uint64_t)(o.max_mode_s * 1e9);
+        std::vector<void *> held(hs.size(), nullptr);
+        for (size_t i = 0; i < hs.size(); i++) {
+            int e = shim ? ops.pair(hs[i]) : ops.open(hs[i], &held[i]);
+            if (e) {
+                send("ERR size=%zu mode=distinct_setup threads=1 code=%d\n", size, e);
+                return;
+            }
+        }
+        for (int n : o.threads) {
+            if (n > (int)hs.size()) continue;
+            std::string mode = std::string(shim ? "shim_hit_pair" : "held_pair") + "_distinct_" + std::to_string(n) +
+                               "threads";
+            int iters = shim ? o.hit_iters : o.held_iters;
+            emit(size, mode.c_str(), n, run_threads(ops, hs, iters, n, cap, shim ? o.hit_batch : 1));
+        }
+        for (void *p : held)
+            if (p) ops.close(p);
     }
 
     int run() {
@@ -346,18 +415,31 @@ struct Importer {
         send("PID %d\n", (int)getpid());
         char line[512];
         bool shim = strcmp(o.pass, "B") == 0;
+        if (o.api == Api::Runtime) {
+            IpcOps entry = ops;
+            if (entry.use_driver_entry()) entry_ops = new IpcOps(entry);
+            else send("ERR size=0 mode=entry threads=1 code=-1\n");
+        }
+        std::vector<Handle> distinct;
         while (fgets(line, sizeof line, in)) {
             size_t size;
             char hex[160];
             if (strncmp(line, "END", 3) == 0) break;
-            if (sscanf(line, "SIZE %zu %150s", &size, hex) != 2 || strlen(hex) != 128) continue;
+            if (sscanf(line, "DISTINCT %zu", &size) == 1) {
+                measure_distinct(size, distinct, shim);
+                continue;
+            }
+            bool one_of_many = sscanf(line, "DHANDLE %150s", hex) == 1;
+            if (!one_of_many && sscanf(line, "SIZE %zu %150s", &size, hex) != 2) continue;
+            if (strlen(hex) != 128) continue;
             Handle h;
             for (int i = 0; i < 64; i++) {
                 unsigned v;
                 sscanf(hex + 2 * i, "%2x", &v);
                 h.bytes[i] = (unsigned char)v;
             }
-            if (shim) measure_shim(size, h);
+            if (one_of_many) distinct.push_back(h);
+            else if (shim) measure_shim(size, h);
             else measure_plain(size, h);
         }
         send("DONE\n");
@@ -407,7 +489,8 @@ struct PassOutcome {
 
 // Runs one importer pass; its rows are printed and appended to `rows`.
 PassOutcome run_pass(const Options &o, const char *pass, const std::vector<Export> &exports,
-                     const std::string &stats_file, std::vector<Row> *rows) {
+                     const std::vector<Export> &distinct, const std::string &stats_file,
+                     std::vector<Row> *rows) {
     PassOutcome out;
     int to_child[2], from_child[2];
     if (pipe2(to_child, O_CLOEXEC) || pipe2(from_child, O_CLOEXEC)) return out;
@@ -455,6 +538,8 @@ PassOutcome run_pass(const Options &o, const char *pass, const std::vector<Expor
     FILE *cmd = fdopen(to_child[1], "w");
     FILE *rep = fdopen(from_child[0], "r");
     for (const Export &e : exports) fprintf(cmd, "SIZE %zu %s\n", e.size, e.hex.c_str());
+    for (const Export &e : distinct) fprintf(cmd, "DHANDLE %s\n", e.hex.c_str());
+    if (!distinct.empty()) fprintf(cmd, "DISTINCT %zu\n", o.distinct_size);
     fprintf(cmd, "END\n");
     fflush(cmd);
 
@@ -581,6 +666,21 @@ int run_exporter(const Options &o) {
         x.hex = hex;
         exports.push_back(x);
     }
+    std::vector<Export> distinct;
+    for (int i = 0; i < o.distinct; i++) {
+        Export x{o.distinct_size, nullptr, ""};
+        if (e == cudaSuccess) e = cudaMalloc(&x.ptr, x.size);
+        cudaIpcMemHandle_t h;
+        if (e == cudaSuccess) e = cudaIpcGetMemHandle(&h, x.ptr);
+        if (e != cudaSuccess) {
+            fprintf(stderr, "ipcbench: exporter, distinct allocation %d: %s\n", i, cudaGetErrorString(e));
+            return 2;
+        }
+        char hex[129];
+        for (int k = 0; k < 64; k++) sprintf(hex + 2 * k, "%02x", ((unsigned char *)&h)[k]);
+        x.hex = hex;
+        distinct.push_back(x);
+    }
     cudaDeviceSynchronize();
 
     const char *cudart = o.api == Api::Runtime ? cudart_linkage() : "none";
@@ -596,7 +696,7 @@ int run_exporter(const Options &o) {
         }
         std::string stats_tmpl;
         if (shim && o.out_dir) stats_tmpl = std::string(o.out_dir) + "/shim_stats_B.%p";
-        PassOutcome r = run_pass(o, pass, exports, stats_tmpl, &rows);
+        PassOutcome r = run_pass(o, pass, exports, distinct, stats_tmpl, &rows);
         ok = ok && r.ok;
         if (shim && !stats_tmpl.empty()) {
             std::string path = stats_tmpl.substr(0, stats_tmpl.size() - 2) + std::to_string((int)r.pid);
@@ -605,6 +705,7 @@ int run_exporter(const Options &o) {
     }
     if (o.out_dir) write_json(o, rows, stats_line, cudart);
     for (Export &x : exports) cudaFree(x.ptr);
+    for (Export &x : distinct) cudaFree(x.ptr);
     return ok ? 0 : 1;
 }
 
@@ -643,7 +744,8 @@ void usage() {
             "usage: ipcbench [--api runtime|driver] [--sizes 2M,64M,512M,4G] [--device D] [--export-device E]\n"
             "                [--shim LIB] [--out DIR] [--real-iters N] [--held-iters N] [--hit-iters N]\n"
             "                [--hit-batch N (pairs per clock reading for hits, default 64)]\n"
-            "                [--threads 1,2,4,8] [--max-mode-seconds S] [--no-header]\n"
+            "                [--threads 1,2,4,8,16] [--max-mode-seconds S] [--no-header]\n"
+            "                [--distinct K (K more allocations, one handle per thread)] [--distinct-size 2M]\n"
             "Run the exporter without LD_PRELOAD; --shim LIB is preloaded into the B-pass importer only.\n");
 }
 
@@ -662,6 +764,8 @@ bool parse_args(int argc, char **argv, Options *o) {
         } else if (a == "--sizes") o->sizes = parse_list<size_t>(v, parse_size);
         else if (a == "--threads") o->threads = parse_list<int>(v, [](const std::string &s) { return atoi(s.c_str()); });
         else if (a == "--device") o->device = atoi(v);
+        else if (a == "--distinct") o->distinct = atoi(v);
+        else if (a == "--distinct-size") o->distinct_size = parse_size(v);
         else if (a == "--export-device") o->export_device = atoi(v);
         else if (a == "--shim") o->shim = v;
         else if (a == "--out") o->out_dir = v;
