@@ -212,6 +212,16 @@ class TestCudaIpcTransport(CustomTestCase):
         from IPython.display import HTML
         with self.assertRaises(RuntimeError):
             HTML("x")
+
+    def test_sgl_kernel_is_a_standin(self):
+        from sgl_kernel import int8_scaled_mm
+        with self.assertRaisesRegex(RuntimeError, "sgl_kernel.int8_scaled_mm is a stand-in"):
+            int8_scaled_mm()
+        # Anything not listed stays missing: SGLang's own fallbacks apply.
+        with self.assertRaises(ImportError):
+            from sgl_kernel import top_k_renorm_prob
+        with self.assertRaises(ImportError):
+            from sgl_kernel.scalar_type import scalar_types
 """)
 with open(f"{d}/VERSION", "w") as f:
     f.write("0.0.1\n")
@@ -230,10 +240,18 @@ sg() {
 fetched "$tmp/sg" || not_ok "the stand-in of the fetched SGLang is built"
 sg sg "$tmp/sg" PEER_SUITES=sglang-unit
 expect_status "sglang-unit: the fetched unit test runs both ways" $? 0
-expect "sglang-unit: its tests are compared" "$tmp/sg.out" '^peer: sglang-unit: 2 same, 0 differ$'
+expect "sglang-unit: its tests are compared" "$tmp/sg.out" '^peer: sglang-unit: 3 same, 0 differ$'
 expect "sglang-unit: the stand-ins and the wheels are on the path" "$tmp/sg.out" \
     'test_ipython_is_a_standin +passed +passed'
 expect "sglang-unit: the release is named" "$tmp/sg.out" '^peer: sglang: 0.0.1 from '
+expect "sglang-unit: a native kernel package is a stand-in that raises when called" "$tmp/sg.out" \
+    'test_sgl_kernel_is_a_standin +passed +passed'
+# Where the real package is installed, it is the one imported.
+mkdir -p "$tmp/realkernel/sgl_kernel"
+echo 'REAL = True' >"$tmp/realkernel/sgl_kernel/__init__.py"
+PYTHONPATH="$root/tools/sglang_peer/site:$tmp/realkernel" "$PY" -c \
+    'import sgl_kernel, sys; sys.exit(0 if getattr(sgl_kernel, "REAL", False) else 1)'
+expect_status "sglang-unit: an installed package wins over its stand-in" $? 0
 
 # sg_fail NAME WHAT: the sglang suite on the broken copy in $tmp/sgb stops with status 2.
 sg_fail() {
