@@ -69,7 +69,7 @@ FAKE       = $(BUILD)/tests/libcuda.so.1
 # fuzz/, gpu/, peer/; tests/one.sh runs one test or suite.
 TEST_INC   = -Itests -Itests/standin -Itests/process
 UNIT_SRC   = $(wildcard tests/unit/test_*.c)
-E2E_SRC    = $(filter-out tests/process/test_process.c tests/process/test_ghost.c, \
+E2E_SRC    = $(filter-out tests/process/test_process_%.c tests/process/test_ghost.c, \
                           $(wildcard tests/process/test_*.c))
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors \
@@ -175,9 +175,10 @@ $(BUILD)/tests/libwindow.so: tests/process/window_lib.c
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl
 
 # Runs probe under LD_PRELOAD in fresh processes.
-$(BUILD)/tests/test_process: tests/process/test_process.c $(BUILD)/tests/probe $(INTERPOSERS) \
-                             $(BUILD)/tests/libwindow.so
-	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ tests/process/test_process.c $(TEST_LIBS)
+PROCESS_SRC = tests/process/process_run.c $(wildcard tests/process/test_process_*.c)
+$(BUILD)/tests/test_process: $(PROCESS_SRC) tests/process/process_run.h $(BUILD)/tests/probe \
+                             $(INTERPOSERS) $(BUILD)/tests/libwindow.so
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $(PROCESS_SRC) $(TEST_LIBS)
 
 # RTLD_NEXT identity without Criterion (architectures tested under emulation).
 $(BUILD)/tests/rtld_next_check: tests/process/rtld_next_check.c $(BUILD)/tests/libnext1.so $(BUILD)/tests/libnext2.so

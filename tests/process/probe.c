@@ -1,5 +1,5 @@
 /*
- * probe.c - a CUDA program in miniature, run by tests/process/test_process.c in fresh
+ * probe.c - a CUDA program in miniature, run by tests/process/test_process_*.c in fresh
  * processes, with and without LD_PRELOAD=libipccache.so.
  *
  * It links neither libcuda nor libipccache: it reaches the driver exactly as

@@ -1,0 +1,118 @@
+/*
+ * test_process_settings.c - the IPCCACHE_* settings: bad values, misspelled names, strict, the log
+ * level (fresh processes under LD_PRELOAD; process_run.c runs them).
+ */
+#include "process_run.h"
+
+/* ---- settings ------------------------------------------------------------ */
+
+static const char *const bad_settings[] = {
+    "IPCCACHE_DISABLE=maybe",       "IPCCACHE_MAX_IDLE_BYTES=12Q",
+    "IPCCACHE_MAX_IDLE_ENTRIES=-1", "IPCCACHE_LOG=loud",
+    "IPCCACHE_STATS_SIGNAL=SIGFOO", "IPCCACHE_STATS_AT_EXIT=2",
+    "IPCCACHE_STATS_FILE=/tmp/x%q", "IPCCACHE_STATS_DIR=relative",
+};
+#define N_BAD_SETTINGS (sizeof(bad_settings) / sizeof(bad_settings[0]))
+/* What each warning must say it uses instead, in bad_settings' order. */
+static const char *const bad_setting_defaults[N_BAD_SETTINGS] = {
+    "(0)", "(8G)", "(256)", "(warn)", "(SIGUSR1)", "(0)", "(unset)", "(unset)",
+};
+
+/* "IPCCACHE_X=v" -> "prefix IPCCACHE_X=\"v\"", what the message must start with. */
+static void expected_message(char *buf, size_t cap, const char *prefix, const char *setting)
+{
+    int klen = (int)strcspn(setting, "=");
+    snprintf(buf, cap, "%s%.*s=\"%s\"", prefix, klen, setting, setting + klen + 1);
+}
+
+Test(process, bad_value_warns_once_and_keeps_the_default, .timeout = 20)
+{
+    /* Each setting with a bad value: one warning naming it, then the default behaviour. */
+    for (size_t i = 0; i < N_BAD_SETTINGS; i++) {
+        char want[256];
+        struct proc p;
+        probe(&p, ENV(bad_settings[i]), "openclose", "5");
+        expected_message(want, sizeof(want), "ipccache: warning: ", bad_settings[i]);
+        cr_expect(eq(int, exit_code(&p), 0), "%s", bad_settings[i]);
+        cr_expect(eq(int, count_lines(p.err), 1), "%s; stderr:\n%s", bad_settings[i], p.err);
+        cr_expect(eq(int, strncmp(p.err, want, strlen(want)), 0), "want \"%s...\", got: %s",
+                  want, p.err);
+        char says[64];
+        snprintf(says, sizeof(says), "using the default %s\n", bad_setting_defaults[i]);
+        cr_expect_not_null(strstr(p.err, says), "want \"%s\" in: %s", says, p.err);
+        char word[16];
+        expect_kv_with(&p, bad_settings[i], "maps", 1);
+        expect_kv_with(&p, bad_settings[i], "refcount", 1);
+        cr_expect(eq(str, STR(kv_str(&p, "sigusr1", word, sizeof(word))), "handler"),
+                  "sigusr1 with %s", bad_settings[i]);
+    }
+}
+
+Test(process, misspelled_setting_warns_once_naming_the_setting, .timeout = 20)
+{
+    /* An IPCCACHE_* name the library does not know is one warning that names the closest
+     * setting; the tools' own variable (IPCCACHE_LIB) is not one. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_MAX_IDLE_BYTE=1G", "IPCCACHE_LIB=/nowhere"), "openclose", "5");
+    cr_expect(eq(int, exit_code(&p), 0));
+    cr_expect(eq(int, count_lines(p.err), 1), "stderr:\n%s", p.err);
+    cr_expect(eq(str, p.err, "ipccache: warning: IPCCACHE_MAX_IDLE_BYTE is not a setting"
+                             " (did you mean IPCCACHE_MAX_IDLE_BYTES?); ignored\n"));
+    expect_kv(&p, "maps", 1);
+}
+
+Test(process, misspelled_setting_under_strict_stops, .timeout = 20)
+{
+    /* IPCCACHE_STRICT: a setting the operator did not mean stops the process, as a bad value does. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STRICT=1", "IPCCACHE_DISABEL=1"), "openclose", "5");
+    cr_expect(eq(int, exit_code(&p), 78));
+    cr_expect_not_null(strstr(p.err, "ipccache: error: IPCCACHE_DISABEL is not a setting"
+                                     " (did you mean IPCCACHE_DISABLE?)"), "%s", p.err);
+}
+
+Test(process, log_error_silences_the_warnings, .timeout = 20)
+{
+    /* IPCCACHE_LOG=error is read first, so a bad value in another setting is not reported. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_LOG=error", "IPCCACHE_MAX_IDLE_BYTES=12Q"), "openclose", "5");
+    expect_quiet_success(&p);
+    expect_kv(&p, "maps", 1);
+}
+
+Test(process, strict_with_good_values_runs_normally, .timeout = 20)
+{
+    /* IPCCACHE_STRICT=1 with only valid settings changes nothing. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STRICT=1", "IPCCACHE_MAX_IDLE_BYTES=512M", "IPCCACHE_LOG=warn",
+                  "IPCCACHE_STATS_SIGNAL=SIGUSR2"), "openclose", "5");
+    expect_quiet_success(&p);
+    expect_kv(&p, "maps", 1);
+    expect_kv_str(&p, "sigusr2", "handler");
+}
+
+Test(process, strict_turns_a_bad_value_into_exit_78, .timeout = 20)
+{
+    /* IPCCACHE_STRICT=1: a bad value is an error line and exit status 78 (EX_CONFIG). */
+    for (size_t i = 0; i < N_BAD_SETTINGS; i++) {
+        char want[256];
+        struct proc p;
+        probe(&p, ENV("IPCCACHE_STRICT=1", bad_settings[i]), "openclose", "5");
+        expected_message(want, sizeof(want), "ipccache: error: ", bad_settings[i]);
+        cr_expect(eq(int, exit_code(&p), 78), "%s; stderr:\n%s", bad_settings[i], p.err);
+        cr_expect(eq(int, count_lines(p.err), 1), "%s; stderr:\n%s", bad_settings[i], p.err);
+        cr_expect(eq(int, strncmp(p.err, want, strlen(want)), 0), "want \"%s...\", got: %s",
+                  want, p.err);
+    }
+}
+
+Test(process, log_info_prints_one_startup_line, .timeout = 20)
+{
+    /* IPCCACHE_LOG=info: exactly one line, the start-up banner. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_LOG=info"), "openclose", "5");
+    cr_assert(eq(int, exit_code(&p), 0), "stderr:\n%s", p.err);
+    cr_assert(eq(int, count_lines(p.err), 1), "stderr:\n%s", p.err);
+    cr_assert(eq(int, strncmp(p.err, "ipccache: version ", 18), 0), "%s", p.err);
+    cr_assert_not_null(strstr(p.err, " active: "), "%s", p.err);
+}
