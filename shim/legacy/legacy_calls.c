@@ -52,8 +52,16 @@ void ipcc_contexts_changing(void)
  * then answers the call itself, with its own error). */
 static int current_context(void **ctx, uint64_t *id)
 {
-    const struct ipcc_driver *d = ipcc_driver();
-    if (!d->ctx_get_current || d->ctx_get_current(ctx) != CUDA_SUCCESS || !*ctx)
+    /* The driver's function, once found: it never changes (driver.c pins it). */
+    static int (*_Atomic get_current)(void **);
+    int (*get)(void **) = atomic_load_explicit(&get_current, memory_order_relaxed);
+    if (__builtin_expect(!get, 0)) {
+        get = ipcc_driver()->ctx_get_current;
+        if (!get)
+            return -1;
+        atomic_store_explicit(&get_current, get, memory_order_relaxed);
+    }
+    if (get(ctx) != CUDA_SUCCESS || !*ctx)
         return -1;
     uint64_t generation = atomic_load_explicit(&context_generation, memory_order_acquire);
     if (*ctx == last_context.ctx && generation == last_context.generation) {
@@ -286,20 +294,21 @@ static void wait_until_closed(uint64_t ctx_id, uint64_t dptr)
 
 int ipcc_close(uint64_t dptr)
 {
-    close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
-    if (!real)
-        return NO_DRIVER;
     ipcc_lifecycle_start();
-
     void *ctx;
     uint64_t ctx_id;
-    if (ipcc_config.disabled || current_context(&ctx, &ctx_id) < 0)
-        return passthrough_close(real, (CUdeviceptr)dptr);
+    /* A current context means a driver, hence a real close to call. */
+    int cached = !ipcc_config.disabled && current_context(&ctx, &ctx_id) == 0;
     /* The budget had room for it idle when it was lent: nothing to evict. */
-    if (ipcc_cache_close_lent(ipcc_table(), ctx_id, dptr, coarse_now_ns())) {
+    if (cached && ipcc_cache_close_lent(ipcc_table(), ctx_id, dptr, coarse_now_ns())) {
         IPCC_COUNT(close_cached);
         return CUDA_SUCCESS;
     }
+    close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
+    if (!real)
+        return NO_DRIVER;
+    if (!cached)
+        return passthrough_close(real, (CUdeviceptr)dptr);
 
     const struct ipcc_victim self = { ctx, ctx_id, dptr, 0 };
     ipcc_lock();

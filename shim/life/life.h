@@ -9,7 +9,14 @@
 
 #include "base.h"
 
-IPCC_HIDDEN void ipcc_lifecycle_start(void);
+/* Every intercepted call comes through here: one load once started. */
+IPCC_HIDDEN extern _Atomic int ipcc_life_started;
+IPCC_HIDDEN void ipcc_lifecycle_start_now(void);
+static inline void ipcc_lifecycle_start(void)
+{
+    if (__builtin_expect(!atomic_load_explicit(&ipcc_life_started, memory_order_acquire), 0))
+        ipcc_lifecycle_start_now();
+}
 
 /* What the layers above have run at start, exit and fork (entry/wiring.c
  * registers it at load). No CUDA call in fork_child: the child's driver
@@ -36,19 +43,37 @@ struct ipcc_counters {
     _Atomic uint64_t releases_on_request; /* idle mappings closed for their exporter */
 };
 
-/* Counters are striped: each thread adds to its own cache line, so threads
- * hitting the cache at once do not fight over the counters' line. Readers
- * sum the stripes. */
+/* Counters are striped: a thread counts on a stripe of its own, a cache line
+ * no other thread writes, with a plain load and store (no locked instruction
+ * on the hit path). Threads beyond the owned stripes, and a thread's counts
+ * after its stripe went back at its exit, go to the last stripe, shared, with
+ * atomic adds. Readers sum the stripes. */
 #define IPCC_STRIPES 64
+#define IPCC_SHARED_STRIPE (IPCC_STRIPES - 1)
 struct ipcc_counter_stripe {
     struct ipcc_counters c;
+    _Atomic int taken; /* by a thread, for its life; never the shared one */
 } __attribute__((aligned(128)));
 
 IPCC_HIDDEN extern struct ipcc_counter_stripe ipcc_stripes[IPCC_STRIPES];
-IPCC_HIDDEN struct ipcc_counters *ipcc_my_stripe(void);
+IPCC_HIDDEN extern __thread struct ipcc_counters *ipcc_stripe_here
+    __attribute__((tls_model("initial-exec")));
+IPCC_HIDDEN struct ipcc_counters *ipcc_take_stripe(void);
 IPCC_HIDDEN uint64_t ipcc_stat_sum(size_t field_offset);
-#define IPCC_ADD(field, n) \
-    atomic_fetch_add_explicit(&ipcc_my_stripe()->field, (n), memory_order_relaxed)
+
+static inline void ipcc_counter_add(size_t field_offset, uint64_t n)
+{
+    struct ipcc_counters *s = ipcc_stripe_here;
+    if (__builtin_expect(s == NULL, 0))
+        s = ipcc_take_stripe();
+    _Atomic uint64_t *f = (_Atomic uint64_t *)((char *)s + field_offset);
+    if (s == &ipcc_stripes[IPCC_SHARED_STRIPE].c)
+        atomic_fetch_add_explicit(f, n, memory_order_relaxed);
+    else /* ours alone: the signal handler only reads */
+        atomic_store_explicit(f, atomic_load_explicit(f, memory_order_relaxed) + n,
+                              memory_order_relaxed);
+}
+#define IPCC_ADD(field, n) ipcc_counter_add(offsetof(struct ipcc_counters, field), (n))
 #define IPCC_COUNT(field) IPCC_ADD(field, 1)
 #define IPCC_TOTAL(field) ipcc_stat_sum(offsetof(struct ipcc_counters, field))
 

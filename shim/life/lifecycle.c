@@ -143,13 +143,11 @@ static void start(void)
     log_start();
 }
 
-static _Atomic int started;
+_Atomic int ipcc_life_started;
 
-/* Every intercepted call comes through here: one load once started. */
-void ipcc_lifecycle_start(void)
+/* The first intercepted call (life.h's ipcc_lifecycle_start). */
+void ipcc_lifecycle_start_now(void)
 {
-    if (__builtin_expect(atomic_load_explicit(&started, memory_order_acquire), 1))
-        return;
     pthread_once(&start_once, start);
-    atomic_store_explicit(&started, 1, memory_order_release);
+    atomic_store_explicit(&ipcc_life_started, 1, memory_order_release);
 }

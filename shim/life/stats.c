@@ -21,17 +21,53 @@
 
 struct ipcc_counter_stripe ipcc_stripes[IPCC_STRIPES];
 
-static _Atomic unsigned next_stripe;
-static __thread struct ipcc_counters *my_stripe __attribute__((tls_model("initial-exec")));
+__thread struct ipcc_counters *ipcc_stripe_here __attribute__((tls_model("initial-exec")));
 
-/* Threads take stripes round-robin on their first count. */
-struct ipcc_counters *ipcc_my_stripe(void)
+static pthread_key_t stripe_key;
+static int stripe_key_made;
+
+static struct ipcc_counters *shared_stripe(void)
 {
-    if (__builtin_expect(my_stripe == NULL, 0)) {
-        unsigned i = atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed);
-        my_stripe = &ipcc_stripes[i % IPCC_STRIPES].c;
+    return &ipcc_stripes[IPCC_SHARED_STRIPE].c;
+}
+
+static struct ipcc_counter_stripe *stripe_of(struct ipcc_counters *c)
+{
+    return (struct ipcc_counter_stripe *)((char *)c - offsetof(struct ipcc_counter_stripe, c));
+}
+
+/* A thread that ends gives its stripe back, counts kept: the next thread to
+ * take it adds to them. Counts made later in this thread (another exit
+ * handler's) go to the shared stripe. */
+static void give_back_stripe(void *stripe)
+{
+    ipcc_stripe_here = shared_stripe();
+    atomic_store_explicit(&stripe_of(stripe)->taken, 0, memory_order_release);
+}
+
+static void make_stripe_key(void)
+{
+    stripe_key_made = pthread_key_create(&stripe_key, give_back_stripe) == 0;
+}
+
+/* At the thread's first count: a free stripe of its own if one is left and
+ * it can be given back at the thread's exit, else the shared one. */
+struct ipcc_counters *ipcc_take_stripe(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, make_stripe_key);
+    ipcc_stripe_here = shared_stripe();
+    for (int i = 0; stripe_key_made && i < IPCC_SHARED_STRIPE; i++) {
+        int free_stripe = 0;
+        if (!atomic_compare_exchange_strong(&ipcc_stripes[i].taken, &free_stripe, 1))
+            continue;
+        if (pthread_setspecific(stripe_key, &ipcc_stripes[i].c) == 0)
+            ipcc_stripe_here = &ipcc_stripes[i].c;
+        else
+            atomic_store(&ipcc_stripes[i].taken, 0);
+        break;
     }
-    return my_stripe;
+    return ipcc_stripe_here;
 }
 
 /* Sum of one counter over all stripes. Async-signal-safe. */
@@ -59,12 +95,16 @@ static uint64_t load(const _Atomic uint64_t *v)
 }
 
 /* Fork child: its process starts counting afresh. */
+/* Fork child: counts start again; the other threads are gone, and so are
+ * their stripes' owners. */
 void ipcc_stats_reset(void)
 {
     for (int s = 0; s < IPCC_STRIPES; s++) {
         _Atomic uint64_t *f = (_Atomic uint64_t *)&ipcc_stripes[s].c;
         for (size_t i = 0; i < sizeof(struct ipcc_counters) / sizeof(*f); i++)
             atomic_store_explicit(&f[i], 0, memory_order_relaxed);
+        if (&ipcc_stripes[s].c != ipcc_stripe_here)
+            atomic_store_explicit(&ipcc_stripes[s].taken, 0, memory_order_relaxed);
     }
 }
 

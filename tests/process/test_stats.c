@@ -216,3 +216,49 @@ Test(stats, lent_entry_counted_once, .timeout = 10)
     cr_assert_eq(tu_stat(path, "hits"), 5);
     cr_assert_eq(tu_stat(path, "closes"), 6);
 }
+
+/* Counts stay exact when threads outnumber the stripes of their own and
+ * come and go: waves of threads, each wave running at once, each thread
+ * counting on a stripe no other live thread writes (or the shared one). */
+#define COUNT_WAVES 3
+#define COUNT_THREADS 120
+#define COUNT_PAIRS 20000
+
+static CUcontext count_ctx;
+static pthread_barrier_t count_start;
+
+static void *count_pairs(void *arg)
+{
+    CUipcMemHandle h = tu_handle(200 + (uint64_t)(long)arg, 1 << 20); /* lent: no lock */
+    cuCtxSetCurrent(count_ctx);
+    for (int i = 0; i < COUNT_PAIRS; i++) {
+        CUdeviceptr p = 0;
+        if (cuIpcOpenMemHandle(&p, h, 1) != CUDA_SUCCESS || cuIpcCloseMemHandle(p) != CUDA_SUCCESS)
+            return (void *)1;
+        if (i == 0 || i == COUNT_PAIRS - 2) /* every stripe taken, then every count at once */
+            pthread_barrier_wait(&count_start);
+    }
+    return NULL;
+}
+
+Test(stats, counts_exact_across_threads_beyond_the_stripes, .timeout = 60)
+{
+    const char *path = tu_stats_file();
+    count_ctx = tu_context();
+    cr_assert_eq(pthread_barrier_init(&count_start, NULL, COUNT_THREADS), 0);
+    for (int w = 0; w < COUNT_WAVES; w++) {
+        pthread_t t[COUNT_THREADS];
+        for (long i = 0; i < COUNT_THREADS; i++)
+            cr_assert_eq(pthread_create(&t[i], NULL, count_pairs, (void *)i), 0);
+        for (int i = 0; i < COUNT_THREADS; i++) {
+            void *ret;
+            pthread_join(t[i], &ret);
+            cr_assert_null(ret);
+        }
+    }
+    raise(SIGUSR1);
+    long long pairs = (long long)COUNT_WAVES * COUNT_THREADS * COUNT_PAIRS;
+    cr_assert_eq(tu_stat(path, "opens"), pairs);
+    cr_assert_eq(tu_stat(path, "closes"), pairs);
+    cr_assert_eq(tu_stat(path, "hits") + tu_stat(path, "misses"), pairs);
+}
