@@ -40,6 +40,7 @@
 #   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
 #   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost hitpath")
+#   BENCH_SHAPES  the part shapes' list (default one,one_synced,reversed,shuffled,all,buckets,two)
 #   PEER_DIR      where `make peer-fetch` put sglang/ (default .peer)
 #   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
 set -u -o pipefail
@@ -54,6 +55,7 @@ QUICK=${BENCH_QUICK:-0}
 BUILD=build/bench
 FAILURES=0
 PARTS=" ${BENCH_PARTS:-ipc sglang sglang-code vmm torch shapes ghost hitpath} "
+SHAPES=${BENCH_SHAPES:-one,one_synced,reversed,shuffled,all,buckets,two}
 SGLANG_FETCHED=${PEER_DIR:-.peer}/sglang
 
 if [ "$QUICK" = 1 ]; then
@@ -233,17 +235,20 @@ bench_torch() {
     done
 }
 
-# The weight sync's shapes (issue 17), both allocators, A/B/A, GPU 0.
+# The weight sync's shapes (issue 17), both allocators, A/B/A, GPU 0; each
+# repetition runs legacy then expandable, so a ratio compares neighbours.
 bench_shapes() {
-    local alloc quick=()
+    local alloc rep quick=()
     [ "$QUICK" = 1 ] && quick=(--quick)
-    for alloc in legacy expandable; do
-        note "shapes $alloc"
-        timeout "$((RUN_TIMEOUT * 4))" env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF \
-            "$PYTHON" tools/bench/bench_torch_vmm.py --alloc "$alloc" --shim "$LIB" "${quick[@]}" \
-            --shapes one,reversed,shuffled,all,buckets,two --stats-dir "$RAW/shapes_stats" \
-            --out "$RAW/shapes_$alloc.json" >"$RAW/shapes_$alloc.txt" 2>"$RAW/shapes_$alloc.log" ||
-            { note "shapes $alloc failed (see $RAW/shapes_$alloc.log)"; FAILURES=$((FAILURES + 1)); }
+    for rep in $(seq 1 "$REPS"); do
+        for alloc in legacy expandable; do
+            note "shapes $alloc r$rep"
+            timeout "$((RUN_TIMEOUT * 4))" env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF \
+                "$PYTHON" tools/bench/bench_torch_vmm.py --alloc "$alloc" --shim "$LIB" "${quick[@]}" \
+                --shapes "$SHAPES" --stats-dir "$RAW/shapes_stats" --out "$RAW/shapes_${alloc}_r$rep.json" \
+                >"$RAW/shapes_${alloc}_r$rep.txt" 2>"$RAW/shapes_${alloc}_r$rep.log" ||
+                { note "shapes $alloc r$rep failed (see $RAW/shapes_${alloc}_r$rep.log)"; FAILURES=$((FAILURES + 1)); }
+        done
     done
 }
 

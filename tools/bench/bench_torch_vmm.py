@@ -35,8 +35,13 @@ one run on the same producer memory.
            every step), all (the rl message above), buckets (the parameters
            flattened into --bucket-mb buckets, each rebuilt, unpacked and
            dropped in turn), two (two engines, served one tensor at a time in
-           turn). Per step: the trainer's median and steps/s; with the cache,
-           the engine's VMM imports, maps and map hits. --quick: 4 layers, 8
+           turn), one_synced (one, the engine waiting for each copy before
+           it drops the tensor, as PyTorch's own release of an imported
+           expandable segment does: legacy then waits as often, which leaves
+           the mapping's own cost as the difference). Per step: the trainer's
+           median and steps/s, the trainer's share (pickling) per step; per
+           tensor, the engine's rebuild, copy, wait and drop medians; with the
+           cache, the engine's VMM imports, maps and map hits. --quick: 4 layers, 8
            timed steps, no features (a few minutes for both allocators).
 
 Output: one JSON file (--out) with every phase's figures and, when
@@ -69,7 +74,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=30, help="rl: timed steps per consumer (0: skip)")
     p.add_argument("--warmup", type=int, default=3, help="untimed features/steps first")
     p.add_argument("--stats-dir", help="write each consumer's ipccache stats line here")
-    p.add_argument("--shapes", help="comma list of one,reversed,shuffled,all,buckets,two: the "
+    p.add_argument("--shapes", help="comma list of one,reversed,shuffled,all,buckets,two,one_synced: the "
                    "weight sync's shapes instead of features and rl")
     p.add_argument("--bucket-mb", type=int, default=512, help="shapes: a flattened bucket's size")
     p.add_argument("--quick", action="store_true", help="shapes: 4 layers, 8 steps")
@@ -107,6 +112,8 @@ def consumer_main(conn, device):
     for prefix in ("", "idle_", "rl_"):
         for part in ("rebuild", "use", "release", "feature"):
             times[prefix + part] = []
+    for part in PIECE_PARTS:
+        times["piece_" + part] = []
     torch.cuda.synchronize()
     conn.send("ready")
     while True:
@@ -118,8 +125,8 @@ def consumer_main(conn, device):
             weights = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in payload]
             conn.send("ok")
             continue
-        if kind in ("one", "buckets"):
-            bad += rebuild_pieces(torch, weights, kind, value, payload)
+        if kind in ("one", "one_synced", "buckets"):
+            bad += rebuild_pieces(torch, weights, kind, value, payload, times if timed else None)
             conn.send("ack")
             continue
         t0 = time.perf_counter()
@@ -152,20 +159,34 @@ def consumer_main(conn, device):
     conn.send({"pid": os.getpid(), "bad": bad, "times": times})
 
 
-def rebuild_pieces(torch, weights, kind, mark, payload):
+PIECE_PARTS = ("rebuild", "copy", "wait", "release")
+
+
+def rebuild_pieces(torch, weights, kind, mark, payload, times=None):
     """Shapes: each piece rebuilt, copied into the engine's weights and
-    dropped before the next; 1 when the mark (in weights[0]) is wrong."""
+    dropped before the next (one_synced: after waiting for the copy); 1 when
+    the mark (in weights[0]) is wrong. times: each part's seconds appended."""
     check = False
     for idx, blob in payload:
+        t0 = time.perf_counter()
         piece = pickle.loads(blob)
-        if kind == "one":
+        t1 = time.perf_counter()
+        if kind in ("one", "one_synced"):
             weights[idx].copy_(piece)
             check |= idx == 0
         else:  # a bucket: idx lists (weight, offset, numel)
             for w, off, numel in idx:
                 weights[w].view(-1).copy_(piece[off:off + numel])
                 check |= w == 0
+        t2 = time.perf_counter()
+        if kind == "one_synced":
+            torch.cuda.synchronize()
+        t3 = time.perf_counter()
         del piece
+        t4 = time.perf_counter()
+        if times is not None:
+            for part, dt in zip(PIECE_PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                times["piece_" + part].append(dt)
     torch.cuda.synchronize()
     return int(check and int(weights[0][0, 0].item()) != mark)
 
@@ -264,7 +285,7 @@ def run_shape(torch, params, conns, a, shape, buckets):
     dump = lambda t: bytes(ForkingPickler.dumps(t))
     for c in conns:
         request(c, ("rl_shapes", 0, [tuple(p.shape) for p in params], False), a.timeout)
-    steps, begun = [], None
+    steps, shares, begun = [], [], None
     for i in range(a.warmup + a.steps):
         mark = i % 200 + 1
         params[0][0, 0] = mark
@@ -277,19 +298,29 @@ def run_shape(torch, params, conns, a, shape, buckets):
             begun = time.perf_counter()
         t0 = time.perf_counter()
         timed = i >= a.warmup
+        shared = 0.0
         if shape == "all":
-            request(conns[0], ("rl", mark, dump(params), timed), a.timeout)
+            blob = dump(params)
+            shared += time.perf_counter() - t0
+            request(conns[0], ("rl", mark, blob, timed), a.timeout)
         elif shape == "buckets":
             for b, parts in buckets:
-                request(conns[0], ("buckets", mark, [(parts, dump(b))], timed), a.timeout)
+                s0 = time.perf_counter()
+                blob = dump(b)
+                shared += time.perf_counter() - s0
+                request(conns[0], ("buckets", mark, [(parts, blob)], timed), a.timeout)
         else:
+            kind = "one_synced" if shape == "one_synced" else "one"
             for idx in step_order(shape, i, len(params)):
-                msg = ("one", mark, [(idx, dump(params[idx]))], timed)
+                s0 = time.perf_counter()
+                msg = (kind, mark, [(idx, dump(params[idx]))], timed)
+                shared += time.perf_counter() - s0
                 for c in conns:  # two: the engines in turn, one tensor each
                     request(c, msg, a.timeout)
         if timed:
             steps.append(time.perf_counter() - t0)
-    return steps, time.perf_counter() - begun
+            shares.append(shared)
+    return steps, shares, time.perf_counter() - begun
 
 
 def main_shapes(torch, mp, a, params):
@@ -305,15 +336,20 @@ def main_shapes(torch, mp, a, params):
         for _, conn in engines:
             if not conn.poll(a.timeout) or conn.recv() != "ready":
                 raise TimeoutError("an engine did not start")
-        steps, wall = run_shape(torch, params, [c for _, c in engines], a, shape, buckets)
+        steps, shares, wall = run_shape(torch, params, [c for _, c in engines], a, shape, buckets)
         row = {"shape": shape, "phase": label, "cache": "on" if shim else "off",
                "step_ms_p50": round(statistics.median(steps) * 1e3, 2),
-               "steps_per_s": round(len(steps) / wall, 2), "steps": len(steps)}
+               "steps_per_s": round(len(steps) / wall, 2), "steps": len(steps),
+               "share_ms_p50": round(statistics.median(shares) * 1e3, 2)}
         bad, stats = 0, []
         for e, (proc, conn) in enumerate(engines):
             report = request(conn, None, a.timeout)
             proc.join(a.timeout)
             bad += report["bad"] + (proc.exitcode != 0)
+            for part in PIECE_PARTS:
+                got = report["times"]["piece_" + part]
+                if got and e == 0:
+                    row["piece_%s_us" % part] = median_us(got)
             if shim:
                 stats.append(read_stats(a, "%s_e%d" % (tag, e), report["pid"]) or {})
         row["values_ok"] = bad == 0

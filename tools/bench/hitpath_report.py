@@ -68,7 +68,10 @@ def main(paths):
                   + (f"; A1 held pair {ns(held[0])} through cudart, {ns(held_entry[0])} through the entry point"
                      if held and held_entry else "") + ".")
         elif single:
-            print(f"\nOne thread, B, single-pair mode (64 pairs per clock reading): {ns(single[0])}.")
+            context = get(api, rt, "context_pair", 1, "B")
+            print(f"\nOne thread, B, single-pair mode (64 pairs per clock reading): {ns(single[0])}"
+                  + (f"; of which the driver's two cuCtxGetCurrent (one per call): {ns(context[0])}"
+                     if context else "") + ".")
     if targets:
         print("\nTargets (issue 21):\n")
         for t in targets:

@@ -173,7 +173,15 @@ struct IpcOps {
         if (api == Api::Runtime) return (int)cudaIpcCloseMemHandle(p);
         return (int)cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)p);
     }
+    // The floor of a hit pair on the driver API: the shim asks the driver for
+    // the current context once per call, so a pair costs two of these.
+    bool context_only = false;
     int pair(const Handle &h) const {
+        if (context_only) {
+            CUcontext c1 = nullptr, c2 = nullptr;
+            CUresult r = cuCtxGetCurrent(&c1);
+            return (int)(r ? r : cuCtxGetCurrent(&c2));
+        }
         void *p = nullptr;
         int e = open(h, &p);
         return e ? e : close(p);
@@ -372,6 +380,11 @@ struct Importer {
             return;
         }
         emit(size, "shim_hit_pair", 1, run_single(ops, h, o.hit_iters, cap, o.hit_batch));
+        if (ops.api == Api::Driver) {
+            IpcOps context_ops = ops;
+            context_ops.context_only = true;
+            emit(size, "context_pair", 1, run_single(context_ops, h, o.hit_iters, cap, o.hit_batch));
+        }
         if (entry_ops)
             emit(size, "shim_hit_pair_entry", 1, run_single(*entry_ops, h, o.hit_iters, cap, o.hit_batch));
         for (int n : o.threads) {
