@@ -227,6 +227,8 @@ static int open_recent(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
     if (hit)
         lend_here();
     ipcc_unlock();
+    if (hit)
+        IPCC_COUNT(hits_locked);
     return hit;
 }
 
@@ -239,6 +241,8 @@ static int open_cached(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
     if (hit)
         lend_here();
     ipcc_unlock();
+    if (hit)
+        IPCC_COUNT(hits_locked);
     return hit;
 }
 

@@ -28,6 +28,7 @@ IPCC_HIDDEN void ipcc_life_register(const struct ipcc_life_hooks *h);
  * passthrough) are sums computed by the reader. */
 struct ipcc_counters {
     _Atomic uint64_t hits, misses, open_passthrough;
+    _Atomic uint64_t hits_locked;         /* hits that took the table lock */
     _Atomic uint64_t close_cached, close_passthrough, close_past_zero;
     _Atomic uint64_t real_opens, real_closes, evictions, invalidations, errors;
     _Atomic uint64_t real_open_ns, real_open_samples;

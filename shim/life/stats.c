@@ -111,6 +111,7 @@ static void put_counters(struct ipcc_out *o, uint64_t hits, const struct ipcc_ta
     put_field(o, "opens", hits + misses + IPCC_TOTAL(open_passthrough));
     put_field(o, "hits", hits);
     put_field(o, "misses", misses);
+    put_field(o, "hits_locked", IPCC_TOTAL(hits_locked));
     put_field(o, "closes", IPCC_TOTAL(close_cached) + IPCC_TOTAL(close_passthrough) +
                                IPCC_TOTAL(close_past_zero));
     put_field(o, "real_opens", IPCC_TOTAL(real_opens));
