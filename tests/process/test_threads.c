@@ -3,6 +3,7 @@
  * leaked mappings, and a slow real map does not hold up other threads.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 
@@ -167,4 +168,45 @@ Test(threads, loan_taken_back_by_another_thread, .timeout = 10)
     atomic_store(&others_done, 1);
     pthread_join(t, &ret);
     cr_assert_null(ret);
+}
+
+#define TURNS 1000
+static atomic_int turn;
+
+/* Opens and closes handle 500 on its turns (of two threads), TURNS times. */
+static void *pair_on_my_turns(void *arg)
+{
+    int me = (int)(long)arg;
+    cuCtxSetCurrent(shared_ctx);
+    CUipcMemHandle h = tu_handle(500, 1 << 20);
+    for (int i = 0; i < TURNS; i++) {
+        while (atomic_load(&turn) % 2 != me)
+            sched_yield();
+        CUdeviceptr p = 0;
+        if (cuIpcOpenMemHandle(&p, h, 1) != CUDA_SUCCESS || cuIpcCloseMemHandle(p) != CUDA_SUCCESS)
+            return (void *)1;
+        atomic_fetch_add(&turn, 1);
+    }
+    return NULL;
+}
+
+/* Two threads taking turns on one cached handle are both lent it: after
+ * each one's first hit, none of their hits takes the lock (whatever the
+ * cores: the turns leave no two calls at once), and every reference is
+ * counted once. */
+Test(threads, shared_handle_hits_take_no_lock, .timeout = 30)
+{
+    const char *stats = tu_stats_file();
+    shared_ctx = tu_context();
+    CUdeviceptr p = tu_open(tu_handle(500, 1 << 20));
+    tu_close(p);
+    run_threads(pair_on_my_turns, 2);
+    raise(SIGUSR1);
+    cr_assert_eq(tu_stat(stats, "hits"), 2 * TURNS);
+    cr_assert_leq(tu_stat(stats, "hits_locked"), 2, "hits took the lock: %lld of %d",
+                  tu_stat(stats, "hits_locked"), 2 * TURNS);
+    cr_assert_eq(tu_stat(stats, "live"), 0);
+    cr_assert_eq(tu_stat(stats, "idle"), 1);
+    cr_assert_eq(fakecuda_refcount(NULL, p), 1, "idle, the cache's reference");
+    cr_assert_eq(tu_driver().maps, 1);
 }
