@@ -121,11 +121,16 @@ void ipcc_tables_room(uint64_t max_bytes, uint64_t max_entries, uint64_t *room_b
     *room_entries = entries < max_entries ? max_entries - entries : 0;
 }
 
-/* The legacy table's mirrored entries; NULL before start. */
-const struct ipcc_top_slot *ipcc_tables_top(void)
+/* The legacy table's mirrored entries, their loans counted; none (every
+ * slot unused) before start. Async-signal-safe. */
+void ipcc_tables_top(struct ipcc_top_slot *out)
 {
     struct ipcc_cache *c = ipcc_table();
-    return c ? ipcc_cache_top(c) : NULL;
+    if (c)
+        ipcc_cache_top_now(c, out);
+    else
+        for (int i = 0; i < IPCC_TOP_SLOTS; i++)
+            atomic_store_explicit(&out[i].used, 0, memory_order_relaxed);
 }
 
 /* ---- the one budget ------------------------------------------------------ */

@@ -152,9 +152,10 @@ static void put_costs(struct ipcc_out *o, uint64_t hits)
 
 static void put_top(struct ipcc_out *o, uint64_t now_ns)
 {
-    const struct ipcc_top_slot *slots = sources ? sources->top() : NULL;
+    struct ipcc_top_slot slots[IPCC_TOP_SLOTS];
     put_str(o, ",\"top\":[");
-    if (slots) {
+    if (sources) {
+        sources->top(slots);
         int first = 1;
         for (int i = 0; i < IPCC_TOP_SLOTS; i++) {
             const struct ipcc_top_slot *s = &slots[i];
