@@ -98,8 +98,8 @@ void ipcc_tables_gauges(struct ipcc_tables_gauges *out)
     out->idle_bytes = g.idle_bytes + out->vmm_idle_bytes;
 }
 
-/* Idle things of both kinds, counting every entry lent to a thread as idle
- * (its closes are not checked against the budget). */
+/* Idle things of both kinds, counting every entry lent to threads as idle,
+ * once however many hold it (their closes are not checked against the budget). */
 static void idle_bound(uint64_t *bytes, uint64_t *entries)
 {
     struct ipcc_cache *c = ipcc_table();

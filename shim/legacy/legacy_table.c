@@ -3,7 +3,7 @@
  *
  * Pure data structure: no CUDA, no I/O, no locking (the caller holds the one
  * lock, except for the calls on an entry lent to the calling thread, which
- * need none: see "entries lent to a thread"). Two indexes over the same
+ * need none: see "entries lent to threads"). Two indexes over the same
  * entries, both uthash:
  *   by_key  (context id, handle, flags) -> entry   used by opens
  *   by_ptr  (context id, device pointer) -> entry  used by closes
@@ -805,7 +805,7 @@ size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
     return n;
 }
 
-/* ---- lending: see "entries lent to a thread" above ------------------------ */
+/* ---- lending: see "entries lent to threads" above ------------------------ */
 
 /* The calling thread's slot, taken the first time; NULL when all are taken. */
 static struct lent_slot *my_slot(void)
