@@ -98,8 +98,8 @@ void ipcc_tables_gauges(struct ipcc_tables_gauges *out)
     out->idle_bytes = g.idle_bytes + out->vmm_idle_bytes;
 }
 
-/* Idle things of both kinds, counting every entry lent to a thread as idle
- * (its closes are not checked against the budget). */
+/* Idle things of both kinds, counting every entry lent to threads as idle,
+ * once however many hold it (their closes are not checked against the budget). */
 static void idle_bound(uint64_t *bytes, uint64_t *entries)
 {
     struct ipcc_cache *c = ipcc_table();
@@ -121,11 +121,16 @@ void ipcc_tables_room(uint64_t max_bytes, uint64_t max_entries, uint64_t *room_b
     *room_entries = entries < max_entries ? max_entries - entries : 0;
 }
 
-/* The legacy table's mirrored entries; NULL before start. */
-const struct ipcc_top_slot *ipcc_tables_top(void)
+/* The legacy table's mirrored entries, their loans counted; none (every
+ * slot unused) before start. Async-signal-safe. */
+void ipcc_tables_top(struct ipcc_top_slot *out)
 {
     struct ipcc_cache *c = ipcc_table();
-    return c ? ipcc_cache_top(c) : NULL;
+    if (c)
+        ipcc_cache_top_now(c, out);
+    else
+        for (int i = 0; i < IPCC_TOP_SLOTS; i++)
+            atomic_store_explicit(&out[i].used, 0, memory_order_relaxed);
 }
 
 /* ---- the one budget ------------------------------------------------------ */

@@ -44,7 +44,7 @@ IPCC_HIDDEN int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *
                                    uint64_t *dptr);
 IPCC_HIDDEN int ipcc_cache_recent_is(uint64_t ctx_id, const void *handle, uint32_t flags);
 IPCC_HIDDEN int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr);
-/* Entries lent to a thread (legacy_table.c): its hits and closes of it take no lock. */
+/* Entries lent to threads (legacy_table.c): their hits and closes of them take no lock. */
 struct ipcc_cache_totals {
     uint64_t live, idle, idle_bytes;
 };
@@ -91,6 +91,7 @@ struct ipcc_cache_gauges {
 IPCC_HIDDEN const struct ipcc_cache_gauges *ipcc_cache_gauges(const struct ipcc_cache *c);
 
 IPCC_HIDDEN const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c);
+IPCC_HIDDEN void ipcc_cache_top_now(const struct ipcc_cache *c, struct ipcc_top_slot *out);
 
 /* legacy_table.c: idle entries of one exporter's allocation, in any context. */
 IPCC_HIDDEN size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,

@@ -8,8 +8,9 @@
  * Locking: the table lock is held only around table operations, never
  * across a driver call, so a slow map (milliseconds across GPUs) does not
  * stall other threads' hits. A thread's repeated open and close of one
- * mapping that it alone uses take no lock at all: the entry is lent to it
- * (cache.c), one atomic operation per call on a line of its own.
+ * mapping take no lock at all, other threads using it too: the entry is
+ * lent to it (legacy_table.c), one atomic operation per call on a line of
+ * its own.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -235,6 +236,8 @@ static int open_recent(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
     if (hit)
         lend_here();
     ipcc_unlock();
+    if (hit)
+        IPCC_COUNT(hits_locked);
     return hit;
 }
 
@@ -247,6 +250,8 @@ static int open_cached(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
     if (hit)
         lend_here();
     ipcc_unlock();
+    if (hit)
+        IPCC_COUNT(hits_locked);
     return hit;
 }
 

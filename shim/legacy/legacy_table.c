@@ -3,7 +3,7 @@
  *
  * Pure data structure: no CUDA, no I/O, no locking (the caller holds the one
  * lock, except for the calls on an entry lent to the calling thread, which
- * need none: see "entries lent to a thread"). Two indexes over the same
+ * need none: see "entries lent to threads"). Two indexes over the same
  * entries, both uthash:
  *   by_key  (context id, handle, flags) -> entry   used by opens
  *   by_ptr  (context id, device pointer) -> entry  used by closes
@@ -66,13 +66,15 @@ struct ipcc_entry {
     struct ptr_key pkey;
     void *ctx;
     uint64_t bytes;
-    uint64_t refs;                      /* the application's, all keys together */
-    uint64_t idle_ns;                   /* when it last went idle */
+    uint64_t refs;                      /* the application's, all keys together;
+                                         * while lent, those outside the slots */
+    uint64_t idle_ns;                   /* when it last went idle; while lent,
+                                         * the latest close of it seen so far */
     int top_slot;                       /* -1: not mirrored */
-    int lent_slot;                      /* -1: not lent (see lent_slots) */
+    uint64_t lent_to;                   /* bit i: lent to lent_slots[i]; 0: not lent */
     const void *last_user;              /* the thread of its last locked use */
     unsigned runs;                      /* locked uses in a row by that thread */
-    unsigned steals;                    /* loans taken back by another thread */
+    unsigned taken_back;                /* loans taken back for another's close */
     struct ipcc_entry *prev, *next;     /* LRU, only while idle */
     struct ipcc_alias *aliases;         /* other keys of this mapping */
     UT_hash_handle hh_key, hh_ptr;
@@ -132,36 +134,58 @@ static struct ipcc_entry *recent_entry(const struct ipcc_cache *c)
     return recent.c == c && recent.gen == removed_gen ? recent.e : NULL;
 }
 
-/* ---- entries lent to a thread: its hits need no lock ------------------ */
+/* ---- entries lent to threads: their hits need no lock ------------------ */
 
 /*
- * A thread that hits one entry again and again may be lent it: from then on
- * its opens and closes of that entry count references in its lent slot with
- * one atomic operation on a line no other thread writes, without the lock,
- * the hash or the table. While lent, the entry is off the table's books (the
- * exact gauges and the LRU list): its other references are frozen in the
- * slot (base_refs), and whoever needs the entry exactly, under the lock,
- * recalls it first (a close or open of it by another thread, an eviction, a
- * teardown, the exporter's let-go, fork). Recalling swaps the slot's state
- * to 0, so the owner's next atomic operation fails and it takes the locked
- * path. Slots are static, so neither the owner nor the signal handler ever
- * touches freed memory.
+ * A thread that hits an entry may be lent it: from then on its opens and
+ * closes of that entry count references in its lent slot with one atomic
+ * operation on a line no other thread writes, without the lock, the hash or
+ * the table. Several threads may be lent one entry at once, a slot each
+ * (lent_to: which), so threads sharing a handle all hit without the lock.
+ * The entry's other references (taken under the lock by threads it is not
+ * lent to) stay in e->refs, mirrored into each of its slots (base_refs) for
+ * the signal handler. While lent to any thread the entry is off the table's
+ * books (the exact gauges and the LRU list), counted once in lent_count.
  *
+ * Recalling one slot swaps its state to 0, so its owner's next atomic
+ * operation fails and it takes the locked path; the slot's references fold
+ * into e->refs and its latest close into e->idle_ns; the last slot's recall
+ * puts the entry back on the books. A slot is recalled when its thread is
+ * lent another entry, exits, or makes a call whose order against its closes
+ * matters. Whoever needs the exact count under the lock recalls every slot
+ * of the entry first: a close that finds no reference outside the slots
+ * (another thread's reference, or past zero), an eviction, a teardown, the
+ * exporter's let-go, fork. Such a close takes loans back for another
+ * thread's reference, and each time it does, the entry needs twice the
+ * locked uses in a row by one thread (up to 64) before it is lent again, so
+ * threads that keep closing each other's references share it on the locked
+ * path instead of recalling at every call.
+ *
+ * Slots are static, so neither an owner nor the signal handler ever touches
+ * freed memory; the handler reads slots and atomics only, never an entry.
  * The idle budget holds without looking at each lent close: an entry is lent
- * only when the budget has room for it idle (the caller checks), and every
- * budget check counts lent entries as idle (ipcc_cache_lent_totals).
+ * only when the budget has room for it idle (the caller checks; lending it
+ * to one more thread needs none), and every budget check counts lent entries
+ * as idle (ipcc_cache_lent_totals).
  */
 #define LENT_SLOTS 64
 #define LENT (1ULL << 63)               /* state: an entry is lent */
-#define LENT_REFS (LENT - 1)            /* state: the owner's references */
+#define LENT_HIT (1ULL << 32)           /* state: one hit of the owner's */
+#define LENT_HITS (LENT - LENT_HIT)     /* state: the owner's hits since lent */
+#define LENT_REFS (LENT_HIT - 1)        /* state: the owner's references */
 
+_Static_assert(LENT_SLOTS <= 64, "lent_to has a bit per slot");
+
+/* Written by its owner (state, last_close_ns) and, lock held, by the table;
+ * everything atomic so that the signal handler may read it. */
 struct lent_slot {
     _Atomic uint64_t state;
     _Atomic uint64_t last_close_ns;     /* the owner's, for the LRU order */
-    _Atomic uint64_t base_refs;         /* the entry's other references */
+    _Atomic uint64_t base_refs;         /* mirror of the entry's e->refs */
     _Atomic uint64_t bytes;
     _Atomic(const struct ipcc_cache *) cache;
-    struct ipcc_entry *entry;           /* lock held */
+    _Atomic(struct ipcc_entry *) entry; /* followed with the lock only */
+    _Atomic int top;                    /* the entry's top slot; -1: none */
     _Atomic int taken;                  /* by a thread, for its life */
 } __attribute__((aligned(64)));
 
@@ -174,7 +198,6 @@ static __thread struct {
     uint64_t ctx_id, dptr;
     uint64_t floor_ns; /* the thread's latest precise stamp: its lent closes come after */
     uint32_t flags;
-    int top;
     unsigned char handle[IPCC_HANDLE_BYTES];
 } lent __attribute__((tls_model("initial-exec")));
 
@@ -255,62 +278,113 @@ static void lru_insert(struct ipcc_cache *c, struct ipcc_entry *e)
         DL_PREPEND(c->lru, e);
 }
 
-/* Lock held: puts a lent entry back on the table's books. */
-static void recall(struct ipcc_cache *c, struct lent_slot *s)
+static uint64_t slot_bit(const struct lent_slot *s)
 {
-    uint64_t st = atomic_exchange_explicit(&s->state, 0, memory_order_acq_rel);
-    if (!(st & LENT))
-        return;
-    struct ipcc_entry *e = s->entry;
-    s->entry = NULL;
-    e->lent_slot = -1;
-    e->refs = atomic_load_explicit(&s->base_refs, memory_order_relaxed) + (st & LENT_REFS);
+    return 1ULL << (s - lent_slots);
+}
+
+static struct ipcc_entry *slot_entry(const struct lent_slot *s)
+{
+    return atomic_load_explicit(&s->entry, memory_order_relaxed);
+}
+
+/* Lock held: the signal handler learns e's references outside the slots. */
+static void mirror_outside_refs(const struct ipcc_entry *e)
+{
+    for (uint64_t m = e->lent_to; m; m &= m - 1)
+        slot_store(&lent_slots[__builtin_ctzll(m)].base_refs, e->refs);
+}
+
+/* Lock held: e, lent to its first thread, leaves the table's books: it
+ * holds a reference (the one just taken), so it was live. */
+static void take_off_books(struct ipcc_entry *e, struct ipcc_cache *c, uint64_t now_ns)
+{
+    gauge_sub(&c->gauges.live, 1);
+    gauge_add(&lent_count, 1);
+    gauge_add(&lent_bytes, e->bytes);
+    e->idle_ns = now_ns;
+}
+
+/* Lock held: e's last loan came back; it is live or idle again. */
+static void put_back_on_books(struct ipcc_cache *c, struct ipcc_entry *e)
+{
     gauge_sub(&lent_count, 1);
     gauge_sub(&lent_bytes, e->bytes);
     if (e->refs == 0) {
-        e->idle_ns = atomic_load_explicit(&s->last_close_ns, memory_order_relaxed);
         lru_insert(c, e);
         gauge_add(&c->gauges.idle, 1);
         gauge_add(&c->gauges.idle_bytes, e->bytes);
     } else {
         gauge_add(&c->gauges.live, 1);
     }
+}
+
+static void top_add_hits(struct ipcc_cache *c, const struct ipcc_entry *e, uint64_t hits)
+{
+    if (e->top_slot < 0 || hits == 0)
+        return;
+    struct ipcc_top_slot *t = &c->top[e->top_slot];
+    slot_store(&t->hits, atomic_load_explicit(&t->hits, memory_order_relaxed) + hits);
+}
+
+/* Lock held: one thread's loan comes back; its references and hits fold
+ * into the entry's. */
+static void recall(struct ipcc_cache *c, struct lent_slot *s)
+{
+    uint64_t st = atomic_exchange_explicit(&s->state, 0, memory_order_acq_rel);
+    if (!(st & LENT))
+        return;
+    struct ipcc_entry *e = slot_entry(s);
+    atomic_store_explicit(&s->entry, NULL, memory_order_relaxed);
+    e->lent_to &= ~slot_bit(s);
+    e->refs += st & LENT_REFS;
+    e->idle_ns = max_u64(e->idle_ns, atomic_load_explicit(&s->last_close_ns, memory_order_relaxed));
+    top_add_hits(c, e, (st & LENT_HITS) / LENT_HIT);
+    if (e->lent_to)
+        mirror_outside_refs(e);
+    else
+        put_back_on_books(c, e);
     top_update(c, e, 0);
 }
 
+/* Lock held: every loan of e comes back. */
 static void recall_entry(struct ipcc_cache *c, struct ipcc_entry *e)
 {
-    if (e && e->lent_slot >= 0)
-        recall(c, &lent_slots[e->lent_slot]);
+    while (e && e->lent_to)
+        recall(c, &lent_slots[__builtin_ctzll(e->lent_to)]);
 }
 
-/* Lock held: this thread is about to use e; a loan of it comes back. Each
- * loan another thread took back doubles the locked uses in a row by one
- * thread an entry needs before it is lent again (up to 64), so that threads
- * sharing one entry do not take it from each other at every call: they
- * share it on the locked path. */
-#define MAX_STEALS 6
-
-static void claim_entry(struct ipcc_cache *c, struct ipcc_entry *e)
+/* Lock held: this thread uses e on the locked path; counts its uses in a
+ * row, by which lendable() decides. */
+static void note_use(struct ipcc_entry *e)
 {
     const void *me = &lent;
     if (!e)
         return;
-    if (e->lent_slot >= 0) {
-        if (&lent_slots[e->lent_slot] != lent.slot) {
-            e->last_user = NULL;
-            if (e->steals < MAX_STEALS)
-                e->steals++;
-        }
-        recall(c, &lent_slots[e->lent_slot]);
-    }
     e->runs = e->last_user == me ? e->runs + (e->runs < 255) : 1;
     e->last_user = me;
 }
 
+/* Each time loans of e were taken back for another thread's close doubles
+ * the locked uses in a row by one thread it needs before it is lent again. */
+#define MAX_TAKEN_BACK 6
+
 static int lendable(const struct ipcc_entry *e)
 {
-    return e->refs > 0 && e->lent_slot < 0 && e->runs > (1u << e->steals) - 1;
+    return e->refs > 0 && e->runs > (1u << e->taken_back) - 1;
+}
+
+/* Lock held: a close found no reference of e outside the slots: it closes
+ * another thread's (or none, past zero): every loan of e comes back, so the
+ * exact count answers. */
+static void take_back_for_close(struct ipcc_cache *c, struct ipcc_entry *e)
+{
+    if (e->lent_to & ~(lent.slot ? slot_bit(lent.slot) : 0)) {
+        e->last_user = NULL;
+        if (e->taken_back < MAX_TAKEN_BACK)
+            e->taken_back++;
+    }
+    recall_entry(c, e);
 }
 
 /* Lock held: every entry of c lent to any thread comes back. */
@@ -420,13 +494,17 @@ static struct ipcc_entry *find_key(struct ipcc_cache *c, const struct ipcc_key *
         HASH_FIND_BYHASHVALUE(hh, c->by_alias, k, KEY_BYTES, k->hash, a);
         e = a ? a->entry : NULL;
     }
-    claim_entry(c, e);
+    note_use(e);
     return e;
 }
 
+/* A reference taken under the lock; on a lent entry, outside its slots. */
 static void take_ref(struct ipcc_cache *c, struct ipcc_entry *e)
 {
-    if (e->refs++ == 0) {
+    if (e->lent_to) {
+        e->refs++;
+        mirror_outside_refs(e);
+    } else if (e->refs++ == 0) {
         DL_DELETE(c->lru, e);
         gauge_sub(&c->gauges.idle, 1);
         gauge_sub(&c->gauges.idle_bytes, e->bytes);
@@ -469,7 +547,7 @@ int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr)
     struct ipcc_entry *e = recent_entry(c);
     if (!e)
         return 0;
-    claim_entry(c, e);
+    note_use(e);
     hit(c, e, dptr);
     return 1;
 }
@@ -517,7 +595,7 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     struct ipcc_entry *e;
     HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
     if (e) {
-        claim_entry(c, e);
+        note_use(e);
         *cached_dptr = dptr;
         return add_alias(c, e, k);
     }
@@ -530,7 +608,6 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     e->ctx = ctx;
     e->bytes = bytes;
     e->refs = 1;
-    e->lent_slot = -1;
     e->last_user = &lent;
     e->runs = 1;
 
@@ -560,8 +637,19 @@ static struct ipcc_entry *find_ptr(struct ipcc_cache *c, uint64_t ctx_id, uint64
         struct ptr_key pk = { .ctx_id = ctx_id, .dptr = dptr };
         HASH_FIND(hh_ptr, c->by_ptr, &pk, sizeof(pk), e);
     }
-    claim_entry(c, e);
+    note_use(e);
     return e;
+}
+
+/* Lock held: a close of a lent entry while it holds references outside
+ * its slots takes one of those: the total stays exact, no loan comes back.
+ * The entry is idle if its slots hold none either: this close may be the
+ * last one of it. */
+static void close_outside_slots(struct ipcc_entry *e, uint64_t now_ns)
+{
+    if (--e->refs == 0)
+        e->idle_ns = max_u64(e->idle_ns, now_ns);
+    mirror_outside_refs(e);
 }
 
 /* Drops one reference of the mapping at dptr in context ctx_id. At zero the
@@ -576,6 +664,12 @@ enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_i
     struct ipcc_entry *e = find_ptr(c, ctx_id, dptr);
     if (!e)
         return IPCC_RELEASE_NOT_FOUND;
+    if (e->lent_to && e->refs > 0) {
+        close_outside_slots(e, now_ns);
+        top_update(c, e, 0);
+        return IPCC_RELEASE_OK;
+    }
+    take_back_for_close(c, e);
     if (e->refs == 0) {
         unlink_entry(c, e);
         free(e);
@@ -711,7 +805,7 @@ size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
     return n;
 }
 
-/* ---- lending: see "entries lent to a thread" above ------------------------ */
+/* ---- lending: see "entries lent to threads" above ------------------------ */
 
 /* The calling thread's slot, taken the first time; NULL when all are taken. */
 static struct lent_slot *my_slot(void)
@@ -726,13 +820,6 @@ static struct lent_slot *my_slot(void)
     return NULL;
 }
 
-/*
- * Lock held, right after this thread's hit or insert of an entry (its
- * memo): lends that entry to the thread, the reference just taken being the
- * thread's own, if the idle budget has room for it (room_entries, room_bytes:
- * what the caps leave, counting what is lent as idle). The thread's previous
- * loan comes back first. Returns 1 when lent.
- */
 /* Lock held: whether this thread's last hit could be lent it, budget aside. */
 int ipcc_cache_recent_lendable(struct ipcc_cache *c)
 {
@@ -740,11 +827,39 @@ int ipcc_cache_recent_lendable(struct ipcc_cache *c)
     return e && lendable(e);
 }
 
+/* Lock held: slot s of this thread holds e from now on, with one reference
+ * of e's (the one this thread just took). */
+static void lend_to_slot(struct ipcc_cache *c, struct ipcc_entry *e, struct lent_slot *s,
+                         uint64_t now_ns)
+{
+    if (!e->lent_to)
+        take_off_books(e, c, now_ns);
+    e->refs--;
+    e->lent_to |= slot_bit(s);
+    atomic_store_explicit(&s->entry, e, memory_order_relaxed);
+    atomic_store_explicit(&s->cache, c, memory_order_relaxed);
+    atomic_store_explicit(&s->bytes, e->bytes, memory_order_relaxed);
+    atomic_store_explicit(&s->last_close_ns, now_ns, memory_order_relaxed);
+    atomic_store_explicit(&s->top, e->top_slot, memory_order_relaxed);
+    mirror_outside_refs(e);
+    top_update(c, e, 0);
+}
+
+/*
+ * Lock held, right after this thread's hit or insert of an entry (its
+ * memo): lends that entry to the thread, the reference just taken being the
+ * thread's own, if the idle budget has room for it (room_entries, room_bytes:
+ * what the caps leave, counting what is lent as idle) or it is lent already
+ * (to other threads: counted once). The thread's previous loan comes back
+ * first. Returns 1 when lent.
+ */
 int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_entries,
                            uint64_t room_bytes)
 {
     struct ipcc_entry *e = recent_entry(c);
-    if (!e || !lendable(e) || room_entries < 1 || room_bytes < e->bytes)
+    if (!e || !lendable(e))
+        return 0;
+    if (!e->lent_to && (room_entries < 1 || room_bytes < e->bytes))
         return 0;
     struct lent_slot *s = my_slot();
     if (!s)
@@ -754,53 +869,32 @@ int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_
         recall(c, s);
     else if (had && (atomic_load(&s->state) & LENT))
         return 0; /* lent from another table (unit tests only): keep it */
-    gauge_sub(&c->gauges.live, 1);
-    gauge_add(&lent_count, 1);
-    gauge_add(&lent_bytes, e->bytes);
-    e->lent_slot = (int)(s - lent_slots);
-    s->entry = e;
-    atomic_store_explicit(&s->cache, c, memory_order_relaxed);
-    atomic_store_explicit(&s->base_refs, e->refs - 1, memory_order_relaxed);
-    atomic_store_explicit(&s->bytes, e->bytes, memory_order_relaxed);
-    atomic_store_explicit(&s->last_close_ns, now_ns, memory_order_relaxed);
+    lend_to_slot(c, e, s, now_ns);
     lent.ctx_id = e->key.ctx_id;
     lent.flags = recent.flags;
     memcpy(lent.handle, recent.handle, IPCC_HANDLE_BYTES);
     lent.dptr = e->pkey.dptr;
     ipcc_cache_lent_floor(now_ns);
-    lent.top = e->top_slot;
     atomic_store_explicit(&s->state, LENT | 1, memory_order_release);
     return 1;
 }
 
-static void lent_top_update(struct ipcc_cache *c, uint64_t st, int hit_count)
-{
-    if (lent.top < 0)
-        return;
-    struct ipcc_top_slot *t = &c->top[lent.top];
-    /* A recall in between may race with these stores: the mirror may be
-     * one hit short, as the stats line allows. */
-    if (hit_count)
-        slot_store(&t->hits, atomic_load_explicit(&t->hits, memory_order_relaxed) + 1);
-    slot_store(&t->refs, atomic_load_explicit(&lent.slot->base_refs, memory_order_relaxed) +
-                             (st & LENT_REFS));
-}
-
 /* No lock: an open of what this thread was lent takes one of its own
- * references. 1 and *dptr set, or 0: the locked path must answer. */
+ * references and counts its hit, both in its slot's state. 1 and *dptr
+ * set, or 0: the locked path must answer. */
 int ipcc_cache_open_lent(struct ipcc_cache *c, uint64_t ctx_id, const void *handle,
                          uint32_t flags, uint64_t *dptr)
 {
+    (void)c;
     struct lent_slot *s = lent.slot;
     if (!s || lent.ctx_id != ctx_id || lent.flags != flags ||
         memcmp(lent.handle, handle, IPCC_HANDLE_BYTES) != 0)
         return 0;
     uint64_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
-    if (!(st & LENT) || (st & LENT_REFS) == LENT_REFS ||
-        !atomic_compare_exchange_strong_explicit(&s->state, &st, st + 1, memory_order_acq_rel,
-                                                 memory_order_relaxed))
+    if (!(st & LENT) || (st & LENT_REFS) == LENT_REFS || (st & LENT_HITS) == LENT_HITS ||
+        !atomic_compare_exchange_strong_explicit(&s->state, &st, st + LENT_HIT + 1,
+                                                 memory_order_acq_rel, memory_order_relaxed))
         return 0;
-    lent_top_update(c, st + 1, 1);
     *dptr = lent.dptr;
     return 1;
 }
@@ -810,6 +904,7 @@ int ipcc_cache_open_lent(struct ipcc_cache *c, uint64_t ctx_id, const void *hand
  * reference, a close past zero). */
 int ipcc_cache_close_lent(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr, uint64_t now_ns)
 {
+    (void)c;
     struct lent_slot *s = lent.slot;
     if (!s || lent.dptr != dptr || lent.ctx_id != ctx_id)
         return 0;
@@ -818,11 +913,8 @@ int ipcc_cache_close_lent(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr, 
         return 0;
     /* Before the exchange, so that a recall sees it. */
     atomic_store_explicit(&s->last_close_ns, max_u64(now_ns, lent.floor_ns), memory_order_relaxed);
-    if (!atomic_compare_exchange_strong_explicit(&s->state, &st, st - 1, memory_order_acq_rel,
-                                                 memory_order_relaxed))
-        return 0;
-    lent_top_update(c, st - 1, 0);
-    return 1;
+    return atomic_compare_exchange_strong_explicit(&s->state, &st, st - 1, memory_order_acq_rel,
+                                                   memory_order_relaxed);
 }
 
 /* Lock held: the calling thread's loan comes back (it exits, or makes a
@@ -863,9 +955,36 @@ void ipcc_cache_lent_totals(uint64_t *entries, uint64_t *bytes)
     *bytes = atomic_load_explicit(&lent_bytes, memory_order_relaxed);
 }
 
+/* Whether slot i is lent an entry of c: its state then, or 0. */
+static uint64_t lent_state(const struct ipcc_cache *c, int i)
+{
+    const struct lent_slot *s = &lent_slots[i];
+    uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+    return (st & LENT) && atomic_load_explicit(&s->cache, memory_order_relaxed) == c ? st : 0;
+}
+
+/* The references of the entry lent to slot i, if i is the first slot that
+ * holds it (so that a shared entry counts once): 1 and *refs set, else 0.
+ * Compares entry addresses, never follows one. Async-signal-safe. */
+static int lent_entry_refs(const struct ipcc_cache *c, int i, uint64_t st, uint64_t *refs)
+{
+    const struct ipcc_entry *e = slot_entry(&lent_slots[i]);
+    *refs = atomic_load_explicit(&lent_slots[i].base_refs, memory_order_relaxed) + (st & LENT_REFS);
+    for (int j = 0; j < LENT_SLOTS; j++) {
+        uint64_t other = j == i ? 0 : lent_state(c, j);
+        if (!other || slot_entry(&lent_slots[j]) != e)
+            continue;
+        if (j < i)
+            return 0;
+        *refs += other & LENT_REFS;
+    }
+    return 1;
+}
+
 /* The gauges as the program would see them, lent entries counted live or
- * idle by their references at this moment (fields may be momentarily
- * inconsistent). Async-signal-safe: static slots and atomics only. */
+ * idle by their references at this moment, once however many threads hold
+ * them (fields may be momentarily inconsistent). Async-signal-safe: static
+ * slots and atomics only. */
 void ipcc_cache_gauges_now(const struct ipcc_cache *c, struct ipcc_cache_totals *out)
 {
     out->live = atomic_load_explicit(&c->gauges.live, memory_order_relaxed);
@@ -874,16 +993,44 @@ void ipcc_cache_gauges_now(const struct ipcc_cache *c, struct ipcc_cache_totals 
     if (atomic_load_explicit(&lent_count, memory_order_relaxed) == 0)
         return;
     for (int i = 0; i < LENT_SLOTS; i++) {
-        const struct lent_slot *s = &lent_slots[i];
-        uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
-        if (!(st & LENT) || atomic_load_explicit(&s->cache, memory_order_relaxed) != c)
+        uint64_t st = lent_state(c, i), refs;
+        if (!st || !lent_entry_refs(c, i, st, &refs))
             continue;
-        if (atomic_load_explicit(&s->base_refs, memory_order_relaxed) + (st & LENT_REFS) > 0) {
+        if (refs > 0) {
             out->live++;
         } else {
             out->idle++;
-            out->idle_bytes += atomic_load_explicit(&s->bytes, memory_order_relaxed);
+            out->idle_bytes += atomic_load_explicit(&lent_slots[i].bytes, memory_order_relaxed);
         }
+    }
+}
+
+/* The top slots as the program would see them: the mirror, plus the hits
+ * and references the entries' loans count (top slots with used 0 are
+ * free). Async-signal-safe: static slots and atomics only. */
+void ipcc_cache_top_now(const struct ipcc_cache *c, struct ipcc_top_slot *out)
+{
+    for (int i = 0; i < IPCC_TOP_SLOTS; i++) {
+        const struct ipcc_top_slot *t = &c->top[i];
+        atomic_store_explicit(&out[i].used, atomic_load_explicit(&t->used, memory_order_acquire),
+                              memory_order_relaxed);
+        slot_store(&out[i].ctx_id, atomic_load_explicit(&t->ctx_id, memory_order_relaxed));
+        slot_store(&out[i].hits, atomic_load_explicit(&t->hits, memory_order_relaxed));
+        slot_store(&out[i].refs, atomic_load_explicit(&t->refs, memory_order_relaxed));
+        slot_store(&out[i].bytes, atomic_load_explicit(&t->bytes, memory_order_relaxed));
+        slot_store(&out[i].created_ns, atomic_load_explicit(&t->created_ns, memory_order_relaxed));
+    }
+    if (atomic_load_explicit(&lent_count, memory_order_relaxed) == 0)
+        return;
+    for (int i = 0; i < LENT_SLOTS; i++) {
+        uint64_t st = lent_state(c, i);
+        int top = atomic_load_explicit(&lent_slots[i].top, memory_order_relaxed);
+        if (!st || top < 0 || top >= IPCC_TOP_SLOTS)
+            continue;
+        slot_store(&out[top].hits, atomic_load_explicit(&out[top].hits, memory_order_relaxed) +
+                                       (st & LENT_HITS) / LENT_HIT);
+        slot_store(&out[top].refs, atomic_load_explicit(&out[top].refs, memory_order_relaxed) +
+                                       (st & LENT_REFS));
     }
 }
 

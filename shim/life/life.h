@@ -35,6 +35,7 @@ IPCC_HIDDEN void ipcc_life_register(const struct ipcc_life_hooks *h);
  * passthrough) are sums computed by the reader. */
 struct ipcc_counters {
     _Atomic uint64_t hits, misses, open_passthrough;
+    _Atomic uint64_t hits_locked;         /* hits that took the table lock */
     _Atomic uint64_t close_cached, close_passthrough, close_past_zero;
     _Atomic uint64_t real_opens, real_closes, evictions, invalidations, errors;
     _Atomic uint64_t real_open_ns, real_open_samples;
@@ -95,14 +96,14 @@ struct ipcc_tables_gauges {
     uint64_t live, idle, idle_bytes, vmm_idle, vmm_idle_bytes;
 };
 IPCC_HIDDEN void ipcc_tables_gauges(struct ipcc_tables_gauges *out);
-IPCC_HIDDEN const struct ipcc_top_slot *ipcc_tables_top(void);
+IPCC_HIDDEN void ipcc_tables_top(struct ipcc_top_slot *out);
 
 /* The figures the stats line shows from the layers above (registered at
  * load by entry/wiring.c; async-signal-safe, the handler calls them). */
 struct ipcc_tables_gauges;
 struct ipcc_stats_sources {
     void (*gauges)(struct ipcc_tables_gauges *out);
-    const struct ipcc_top_slot *(*top)(void);
+    void (*top)(struct ipcc_top_slot *out); /* fills IPCC_TOP_SLOTS */
     uint64_t (*ghost_bytes)(void);
 };
 IPCC_HIDDEN void ipcc_stats_register(const struct ipcc_stats_sources *s);

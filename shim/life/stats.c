@@ -151,6 +151,7 @@ static void put_counters(struct ipcc_out *o, uint64_t hits, const struct ipcc_ta
     put_field(o, "opens", hits + misses + IPCC_TOTAL(open_passthrough));
     put_field(o, "hits", hits);
     put_field(o, "misses", misses);
+    put_field(o, "hits_locked", IPCC_TOTAL(hits_locked));
     put_field(o, "closes", IPCC_TOTAL(close_cached) + IPCC_TOTAL(close_passthrough) +
                                IPCC_TOTAL(close_past_zero));
     put_field(o, "real_opens", IPCC_TOTAL(real_opens));
@@ -191,9 +192,10 @@ static void put_costs(struct ipcc_out *o, uint64_t hits)
 
 static void put_top(struct ipcc_out *o, uint64_t now_ns)
 {
-    const struct ipcc_top_slot *slots = sources ? sources->top() : NULL;
+    struct ipcc_top_slot slots[IPCC_TOP_SLOTS];
     put_str(o, ",\"top\":[");
-    if (slots) {
+    if (sources) {
+        sources->top(slots);
         int first = 1;
         for (int i = 0; i < IPCC_TOP_SLOTS; i++) {
             const struct ipcc_top_slot *s = &slots[i];

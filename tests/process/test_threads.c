@@ -3,6 +3,7 @@
  * leaked mappings, and a slow real map does not hold up other threads.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 
@@ -167,4 +168,104 @@ Test(threads, loan_taken_back_by_another_thread, .timeout = 10)
     atomic_store(&others_done, 1);
     pthread_join(t, &ret);
     cr_assert_null(ret);
+}
+
+#define TURNS 1000
+static atomic_int turn;
+
+/* Opens and closes handle 500 on its turns (of two threads), TURNS times. */
+static void *pair_on_my_turns(void *arg)
+{
+    int me = (int)(long)arg;
+    cuCtxSetCurrent(shared_ctx);
+    CUipcMemHandle h = tu_handle(500, 1 << 20);
+    for (int i = 0; i < TURNS; i++) {
+        while (atomic_load(&turn) % 2 != me)
+            sched_yield();
+        CUdeviceptr p = 0;
+        if (cuIpcOpenMemHandle(&p, h, 1) != CUDA_SUCCESS || cuIpcCloseMemHandle(p) != CUDA_SUCCESS)
+            return (void *)1;
+        atomic_fetch_add(&turn, 1);
+    }
+    return NULL;
+}
+
+/* Two threads taking turns on one cached handle are both lent it: after
+ * each one's first hit, none of their hits takes the lock (whatever the
+ * cores: the turns leave no two calls at once), and every reference is
+ * counted once. */
+Test(threads, shared_handle_hits_take_no_lock, .timeout = 30)
+{
+    const char *stats = tu_stats_file();
+    shared_ctx = tu_context();
+    CUdeviceptr p = tu_open(tu_handle(500, 1 << 20));
+    tu_close(p);
+    run_threads(pair_on_my_turns, 2);
+    raise(SIGUSR1);
+    cr_assert_eq(tu_stat(stats, "hits"), 2 * TURNS);
+    cr_assert_leq(tu_stat(stats, "hits_locked"), 2, "hits took the lock: %lld of %d",
+                  tu_stat(stats, "hits_locked"), 2 * TURNS);
+    cr_assert_eq(tu_stat(stats, "live"), 0);
+    cr_assert_eq(tu_stat(stats, "idle"), 1);
+    cr_assert_eq(fakecuda_refcount(NULL, p), 1, "idle, the cache's reference");
+    cr_assert_eq(tu_driver().maps, 1);
+}
+
+/* An entry lent to two threads counts once against the idle cap: with a cap
+ * of 2 idle entries, it and one more stay cached, idle. */
+Test(threads, shared_loan_counts_once_against_the_cap, .timeout = 30)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
+    shared_ctx = tu_context();
+    tu_close(tu_open(tu_handle(500, 1 << 20)));
+    run_threads(pair_on_my_turns, 2);
+    tu_close(tu_open(tu_handle(501, 1 << 20)));
+    cr_assert_eq(tu_driver().maps, 2);
+    cr_assert_eq(tu_driver().unmaps, 0, "an idle entry was evicted under the cap");
+}
+
+static atomic_int holders_ready, holders_go;
+
+/* Lent handle 502 (it hits it 3 times), keeps a 4th reference until told. */
+static void *hit_and_hold(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(shared_ctx);
+    CUipcMemHandle h = tu_handle(502, 1 << 20);
+    CUdeviceptr p = 0;
+    for (int i = 0; i < 3; i++)
+        if (cuIpcOpenMemHandle(&p, h, 1) != CUDA_SUCCESS || cuIpcCloseMemHandle(p) != CUDA_SUCCESS)
+            return (void *)1;
+    if (cuIpcOpenMemHandle(&p, h, 1) != CUDA_SUCCESS)
+        return (void *)2;
+    atomic_fetch_add(&holders_ready, 1);
+    while (!atomic_load(&holders_go))
+        usleep(100);
+    return cuIpcCloseMemHandle(p) == CUDA_SUCCESS ? NULL : (void *)3;
+}
+
+/* Two threads lent one entry, a reference each: the stats line counts it
+ * once, live, and its top slot has both threads' hits and references. */
+Test(threads, shared_loan_counted_once_in_the_stats, .timeout = 30)
+{
+    const char *stats = tu_stats_file();
+    shared_ctx = tu_context();
+    tu_close(tu_open(tu_handle(502, 1 << 20)));
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, hit_and_hold, NULL), 0);
+    while (atomic_load(&holders_ready) < 2)
+        usleep(100);
+    raise(SIGUSR1);
+    atomic_store(&holders_go, 1);
+    for (int i = 0; i < 2; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        cr_assert_null(ret);
+    }
+    cr_assert_eq(tu_stat(stats, "live"), 1, "the entry lent to two threads counts once");
+    cr_assert_eq(tu_stat(stats, "idle"), 0);
+    cr_assert_eq(tu_stat(stats, "hits"), 8);
+    cr_assert_eq(tu_stat_after(stats, "\"top\":", "hits"), 8, "the loans' hits are in the top list");
+    cr_assert_eq(tu_stat_after(stats, "\"top\":", "refs"), 2);
 }

@@ -55,8 +55,9 @@ static inline void tu_close(CUdeviceptr p)
     cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_SUCCESS);
 }
 
-/* Reads integer key from the last line of a stats file; -1 if absent. */
-static inline long long tu_stat(const char *path, const char *key)
+/* Reads integer key from the last line of a stats file, the first one past
+ * the text after (NULL: from the start); -1 if absent. */
+static inline long long tu_stat_after(const char *path, const char *after, const char *key)
 {
     char buf[8192] = { 0 }, pat[64];
     FILE *f = fopen(path, "r");
@@ -66,9 +67,16 @@ static inline long long tu_stat(const char *path, const char *key)
     while (fgets(line, sizeof(line), f))
         strcpy(buf, line);
     fclose(f);
+    const char *from = after ? strstr(buf, after) : buf;
     snprintf(pat, sizeof(pat), "\"%s\":", key);
-    const char *at = strstr(buf, pat);
+    const char *at = from ? strstr(from, pat) : NULL;
     return at ? strtoll(at + strlen(pat), NULL, 10) : -1;
+}
+
+/* Reads integer key from the last line of a stats file; -1 if absent. */
+static inline long long tu_stat(const char *path, const char *key)
+{
+    return tu_stat_after(path, NULL, key);
 }
 
 static char tu_stats_path[512];
