@@ -51,9 +51,9 @@ struct ipcc_cache_totals {
 IPCC_HIDDEN int ipcc_cache_recent_lendable(struct ipcc_cache *c);
 IPCC_HIDDEN int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns,
                                        uint64_t room_entries, uint64_t room_bytes);
-IPCC_HIDDEN int ipcc_cache_open_lent(struct ipcc_cache *c, uint64_t ctx_id, const void *handle,
+IPCC_HIDDEN int ipcc_cache_open_lent(uint64_t ctx_id, const void *handle,
                                      uint32_t flags, uint64_t *dptr);
-IPCC_HIDDEN int ipcc_cache_close_lent(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr,
+IPCC_HIDDEN int ipcc_cache_close_lent(uint64_t ctx_id, uint64_t dptr,
                                       uint64_t now_ns);
 IPCC_HIDDEN void ipcc_cache_return_lent(struct ipcc_cache *c, int give_up);
 IPCC_HIDDEN void ipcc_cache_lent_totals(uint64_t *entries, uint64_t *bytes);

@@ -268,7 +268,7 @@ int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned 
         return open_uncached(slot, pdptr, h, flags);
 
     uint64_t dptr;
-    if (ipcc_cache_open_lent(ipcc_table(), ctx_id, h->reserved, flags, &dptr) ||
+    if (ipcc_cache_open_lent(ctx_id, h->reserved, flags, &dptr) ||
         open_recent(ctx_id, h, flags, &dptr) || open_cached(ctx_id, h, flags, &dptr)) {
         IPCC_COUNT(hits);
         *pdptr = (CUdeviceptr)dptr;
@@ -305,7 +305,7 @@ int ipcc_close(uint64_t dptr)
     /* A current context means a driver, hence a real close to call. */
     int cached = !ipcc_config.disabled && current_context(&ctx, &ctx_id) == 0;
     /* The budget had room for it idle when it was lent: nothing to evict. */
-    if (cached && ipcc_cache_close_lent(ipcc_table(), ctx_id, dptr, coarse_now_ns())) {
+    if (cached && ipcc_cache_close_lent(ctx_id, dptr, coarse_now_ns())) {
         IPCC_COUNT(close_cached);
         return CUDA_SUCCESS;
     }

@@ -882,10 +882,8 @@ int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_
 /* No lock: an open of what this thread was lent takes one of its own
  * references and counts its hit, both in its slot's state. 1 and *dptr
  * set, or 0: the locked path must answer. */
-int ipcc_cache_open_lent(struct ipcc_cache *c, uint64_t ctx_id, const void *handle,
-                         uint32_t flags, uint64_t *dptr)
+int ipcc_cache_open_lent(uint64_t ctx_id, const void *handle, uint32_t flags, uint64_t *dptr)
 {
-    (void)c;
     struct lent_slot *s = lent.slot;
     if (!s || lent.ctx_id != ctx_id || lent.flags != flags ||
         memcmp(lent.handle, handle, IPCC_HANDLE_BYTES) != 0)
@@ -902,9 +900,8 @@ int ipcc_cache_open_lent(struct ipcc_cache *c, uint64_t ctx_id, const void *hand
 /* No lock: a close of what this thread was lent, while it holds a reference
  * of its own there; 0 otherwise (the locked path answers: another thread's
  * reference, a close past zero). */
-int ipcc_cache_close_lent(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr, uint64_t now_ns)
+int ipcc_cache_close_lent(uint64_t ctx_id, uint64_t dptr, uint64_t now_ns)
 {
-    (void)c;
     struct lent_slot *s = lent.slot;
     if (!s || lent.dptr != dptr || lent.ctx_id != ctx_id)
         return 0;
