@@ -187,6 +187,13 @@ run_numba() {
         note "$name: skipped: $PYTHON finds none of ${NUMBA_MODULES[*]}"
         return
     fi
+    # Both runs would fail alike, reporting nothing: say why once instead.
+    local err
+    if ! err=$("$PYTHON" -c "import $module" 2>&1); then
+        note "$name: skipped: $module does not import:"
+        note "  $(tail -n 1 <<<"$err")"
+        return
+    fi
     # unittest whatever PEER_RUNNER says: pytest names a test file by the
     # folders above it that hold an __init__.py, and numba-cuda's installed
     # layout (numba_cuda/numba/cuda/...) makes that "cuda.tests...", which

@@ -166,6 +166,15 @@ expect_status "PyTorch's testing module that does not import is skipped" $? 0
 expect "the import error of PyTorch's testing module is shown" "$tmp/notesting.out" \
     "No module named 'expecttest_standin_missing'"
 
+cp -r "$tmp/py" "$tmp/py-nofilecheck"
+echo 'import filecheck_standin_missing' >"$tmp/py-nofilecheck/numba/cuda/tests/cudapy/test_ipc.py"
+peer unittest nofilecheck PEER_SUITES=numba-cuda PYTHONPATH="$tmp/py-nofilecheck"
+expect_status "numba's IPC tests that do not import are skipped" $? 0
+expect "numba's IPC tests that do not import are named" "$tmp/nofilecheck.out" \
+    '^peer: numba-cuda: skipped: numba.cuda.tests.cudapy.test_ipc does not import:$'
+expect "the import error names the missing module" "$tmp/nofilecheck.out" \
+    "No module named 'filecheck_standin_missing'"
+
 # The summary line of a run on expandable segments: its hits are VMM ones.
 mkdir -p "$tmp/vmmstats"
 echo '{"opens":0,"hits":0,"vmm_imports":52,"vmm_import_hits":50,"vmm_maps":52,"vmm_map_hits":49}' \
