@@ -246,16 +246,8 @@ Test(stats, counts_exact_across_threads_beyond_the_stripes, .timeout = 60)
     const char *path = tu_stats_file();
     count_ctx = tu_context();
     cr_assert_eq(pthread_barrier_init(&count_start, NULL, COUNT_THREADS), 0);
-    for (int w = 0; w < COUNT_WAVES; w++) {
-        pthread_t t[COUNT_THREADS];
-        for (long i = 0; i < COUNT_THREADS; i++)
-            cr_assert_eq(pthread_create(&t[i], NULL, count_pairs, (void *)i), 0);
-        for (int i = 0; i < COUNT_THREADS; i++) {
-            void *ret;
-            pthread_join(t[i], &ret);
-            cr_assert_null(ret);
-        }
-    }
+    for (int w = 0; w < COUNT_WAVES; w++)
+        tu_run_threads(count_pairs, COUNT_THREADS);
     raise(SIGUSR1);
     long long pairs = (long long)COUNT_WAVES * COUNT_THREADS * COUNT_PAIRS;
     cr_assert_eq(tu_stat(path, "opens"), pairs);

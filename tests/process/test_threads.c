@@ -34,23 +34,11 @@ static void *hammer(void *arg)
     return NULL;
 }
 
-static void run_threads(void *(*fn)(void *), int n)
-{
-    pthread_t t[THREADS];
-    for (long i = 0; i < n; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, fn, (void *)i), 0);
-    for (int i = 0; i < n; i++) {
-        void *ret;
-        pthread_join(t[i], &ret);
-        cr_assert_null(ret, "thread %d failed at step %ld", i, (long)ret);
-    }
-}
-
 /* 16 threads hammering 4 handles leave exactly one driver mapping each. */
 Test(threads, hammering_keeps_one_mapping_per_handle, .timeout = 60)
 {
     shared_ctx = tu_context();
-    run_threads(hammer, THREADS);
+    tu_run_threads(hammer, THREADS);
     cr_assert_eq(tu_driver().maps, HANDLES);
     cr_assert_eq(tu_driver().unmaps, 0);
     for (int i = 0; i < HANDLES; i++) {
@@ -81,7 +69,7 @@ Test(threads, concurrent_misses_leak_nothing, .timeout = 30)
 {
     setenv("FAKECUDA_OPEN_DELAY_US", "50000", 1);
     shared_ctx = tu_context();
-    run_threads(race_same_handle, 8);
+    tu_run_threads(race_same_handle, 8);
     CUdeviceptr p = tu_open(tu_handle(200, 1 << 20));
     cr_assert_eq(fakecuda_refcount(NULL, p), 1);
     tu_close(p);
@@ -200,7 +188,7 @@ Test(threads, shared_handle_hits_take_no_lock, .timeout = 30)
     shared_ctx = tu_context();
     CUdeviceptr p = tu_open(tu_handle(500, 1 << 20));
     tu_close(p);
-    run_threads(pair_on_my_turns, 2);
+    tu_run_threads(pair_on_my_turns, 2);
     raise(SIGUSR1);
     cr_assert_eq(tu_stat(stats, "hits"), 2 * TURNS);
     cr_assert_leq(tu_stat(stats, "hits_locked"), 2, "hits took the lock: %lld of %d",
@@ -218,7 +206,7 @@ Test(threads, shared_loan_counts_once_against_the_cap, .timeout = 30)
     setenv("IPCCACHE_MAX_IDLE_ENTRIES", "2", 1);
     shared_ctx = tu_context();
     tu_close(tu_open(tu_handle(500, 1 << 20)));
-    run_threads(pair_on_my_turns, 2);
+    tu_run_threads(pair_on_my_turns, 2);
     tu_close(tu_open(tu_handle(501, 1 << 20)));
     cr_assert_eq(tu_driver().maps, 2);
     cr_assert_eq(tu_driver().unmaps, 0, "an idle entry was evicted under the cap");

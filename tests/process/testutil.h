@@ -8,6 +8,7 @@
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,22 @@ static inline CUipcMemHandle tu_handle(uint64_t serial, uint64_t bytes)
     CUipcMemHandle h;
     fakecuda_make_foreign_handle(&h, serial, bytes);
     return h;
+}
+
+/* Runs fn in n threads at once (argument: the thread's index) and joins
+ * them; each must return NULL, or the step it failed at. */
+#define TU_MAX_THREADS 128
+static inline void tu_run_threads(void *(*fn)(void *), int n)
+{
+    pthread_t t[TU_MAX_THREADS];
+    cr_assert_leq(n, TU_MAX_THREADS);
+    for (long i = 0; i < n; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, fn, (void *)i), 0);
+    for (int i = 0; i < n; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        cr_assert_null(ret, "thread %d failed at step %ld", i, (long)ret);
+    }
 }
 
 static inline struct fakecuda_counters tu_driver(void)
