@@ -69,6 +69,17 @@ PYTEST=("$PYTHON" -m pytest -c /dev/null --rootdir=@RUN@ -p peer_record -p no:ca
 
 note() { echo "peer: $*"; }
 
+# imports NAME MODULE [WHY]: 0 if MODULE imports; else says that suite NAME is
+# skipped, with the import error, and returns 1 (both runs would fail alike,
+# reporting nothing).
+imports() {
+    local err
+    err=$("$PYTHON" -c "import $2" 2>&1) && return 0
+    note "$1: skipped: $2 does not import${3:+ ($3)}:"
+    note "  $(tail -n 1 <<<"$err")"
+    return 1
+}
+
 # run_one DIR PRELOAD(0|1) CMD...: one run of a suite, outcomes in DIR/results.tsv;
 # @RUN@ in CMD becomes DIR.
 run_one() {
@@ -127,12 +138,7 @@ run_torch() {
         note "$name: skipped: no $file (copy test/$TORCH_FILE from PyTorch $TORCH_VERSION there)"
         return
     fi
-    local err
-    if ! err=$("$PYTHON" -c 'import torch.testing._internal.common_utils' 2>&1); then
-        note "$name: skipped: torch.testing._internal.common_utils does not import (it needs expecttest):"
-        note "  $(tail -n 1 <<<"$err")"
-        return
-    fi
+    imports "$name" torch.testing._internal.common_utils "it needs expecttest" || return
     if [ "$RUNNER" = pytest ]; then
         local expr
         expr=$(printf ' or %s' "${TORCH_WORDS[@]}")
@@ -187,13 +193,7 @@ run_numba() {
         note "$name: skipped: $PYTHON finds none of ${NUMBA_MODULES[*]}"
         return
     fi
-    # Both runs would fail alike, reporting nothing: say why once instead.
-    local err
-    if ! err=$("$PYTHON" -c "import $module" 2>&1); then
-        note "$name: skipped: $module does not import:"
-        note "  $(tail -n 1 <<<"$err")"
-        return
-    fi
+    imports "$name" "$module" || return
     # unittest whatever PEER_RUNNER says: pytest names a test file by the
     # folders above it that hold an __init__.py, and numba-cuda's installed
     # layout (numba_cuda/numba/cuda/...) makes that "cuda.tests...", which
