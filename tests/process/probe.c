@@ -975,6 +975,18 @@ static int wait_child(pid_t pid)
     return 1;
 }
 
+/* Forks a child that runs fork_child(h); 1 unless it exited with status 0. */
+static int fork_and_wait(const CUipcMemHandle *h)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die(EXIT_SETUP, "fork: %s", strerror(errno));
+    if (pid == 0)
+        fork_child(h);
+    return wait_child(pid);
+}
+
 static int scenario_fork(int argc, char **argv)
 {
     int guarded = !(argc > 2 && strcmp(argv[2], "unguarded") == 0);
@@ -991,17 +1003,73 @@ static int scenario_fork(int argc, char **argv)
         die(EXIT_SETUP, "pthread_create failed");
     while (atomic_load(&spin.iterations) < 100)
         sched_yield();
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0)
-        die(EXIT_SETUP, "fork: %s", strerror(errno));
-    if (pid == 0)
-        fork_child(&h);
-    bad |= wait_child(pid);
+    bad |= fork_and_wait(&h);
     atomic_store(&spin.stop, 1);
     pthread_join(t, NULL);
     put("spin_errors", atomic_load(&spin.errors));
     return bad || atomic_load(&spin.errors);
+}
+
+/*
+ * Forks while threads hit their loans, unparked: each of HITTERS threads
+ * opens and closes handle 3 (lent to it, plain stores where the kernel has
+ * membarrier) as fast as it can, so a fork copies some of them mid-call,
+ * their slots marked busy. A child that waited for those threads (gone in
+ * it) would hang; each child opens, closes and exits within alarm()'s 5 s.
+ * The hitting threads call only the stand-in's lock-free cuCtxGetCurrent, so
+ * no lock of the stand-in's is copied held.
+ */
+#define HITTERS 4
+#define HITTING_FORKS 20
+
+static struct {
+    CUcontext ctx;
+    atomic_int stop;
+    atomic_long iterations[HITTERS];
+    atomic_long errors;
+} hitting;
+
+static void *hitting_thread(void *arg)
+{
+    long id = (long)arg;
+    CUipcMemHandle h = foreign_handle(3);
+    if (drv.ctx_set_current(hitting.ctx) != CUDA_SUCCESS)
+        atomic_fetch_add(&hitting.errors, 1);
+    while (!atomic_load_explicit(&hitting.stop, memory_order_relaxed)) {
+        struct loop_result r = open_close(&h, 64);
+        if (r.rc_open || r.rc_close)
+            atomic_fetch_add(&hitting.errors, 1);
+        atomic_fetch_add_explicit(&hitting.iterations[id], 1, memory_order_relaxed);
+    }
+    return NULL;
+}
+
+static int scenario_fork_hitting(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    load_driver();
+    hitting.ctx = use_primary_context();
+    CUipcMemHandle h = foreign_handle(1);
+    struct loop_result r = open_close(&h, 2);
+    int bad = put_loop(&r);
+    pthread_t t[HITTERS];
+    for (long i = 0; i < HITTERS; i++)
+        if (pthread_create(&t[i], NULL, hitting_thread, (void *)i) != 0)
+            die(EXIT_SETUP, "pthread_create failed");
+    for (int i = 0; i < HITTERS; i++)
+        while (atomic_load(&hitting.iterations[i]) < 100)
+            sched_yield();
+    int children_failed = 0;
+    for (int i = 0; i < HITTING_FORKS; i++) {
+        children_failed += fork_and_wait(&h);
+    }
+    atomic_store(&hitting.stop, 1);
+    for (int i = 0; i < HITTERS; i++)
+        pthread_join(t[i], NULL);
+    put("children_failed", children_failed);
+    put("hit_errors", atomic_load(&hitting.errors));
+    return bad || children_failed || atomic_load(&hitting.errors);
 }
 
 /*
@@ -1238,6 +1306,7 @@ static const struct {
     { "mixed", scenario_mixed, "" },
     { "threads", scenario_threads, "[N=8]" },
     { "fork", scenario_fork, "[unguarded]" },
+    { "fork_hitting", scenario_fork_hitting, "" },
     { "fork_at_start", scenario_fork_at_start, "" },
     { "window", scenario_window, "atexit|phdr|sigaction" },
 };

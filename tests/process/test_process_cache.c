@@ -184,6 +184,16 @@ Test(process, fork_child_starts_with_an_empty_table, .timeout = 20)
     expect_kv(&p, "spin_errors", 0);
 }
 
+Test(process, fork_while_threads_hit_their_loans_gives_live_children, .timeout = 60)
+{
+    /* 20 forks while 4 threads hit their loans, unparked, some copied mid-call: every child opens, closes and exits (none waits for a thread it does not have). */
+    struct proc p;
+    probe(&p, NO_ENV, "fork_hitting");
+    expect_quiet_success(&p);
+    expect_kv(&p, "children_failed", 0);
+    expect_kv(&p, "hit_errors", 0);
+}
+
 Test(process, fork_begun_before_start_gets_a_usable_lock, .timeout = 30)
 {
     /* A fork begun before the first IPC call, copying the process while a later fork prepares: its child's IPC calls still work. */

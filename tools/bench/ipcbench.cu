@@ -240,13 +240,20 @@ Result run_threads(const IpcOps &ops, const std::vector<Handle> &hs, int iters, 
     std::vector<std::thread> pool;
     for (int t = 0; t < nthreads; t++) {
         pool.emplace_back([&, t] {
-            errors[t] = ops.bind_thread();
+            // Samples and errors kept in the thread's own vector until the end:
+            // the vectors' headers lie side by side, and writing them while
+            // timing would add the bench's own false sharing to every pair.
+            int error = ops.bind_thread();
             int share = iters / nthreads + (t < iters % nthreads ? 1 : 0);
-            samples[t].reserve(share);
+            std::vector<uint64_t> mine;
+            mine.reserve(share);
             pthread_barrier_wait(&barrier);
-            start[t] = now_ns();
-            if (!errors[t]) time_pairs(ops, hs[t % hs.size()], share, batch, max_ns, &samples[t], &errors[t]);
+            uint64_t t0 = now_ns();
+            if (!error) time_pairs(ops, hs[t % hs.size()], share, batch, max_ns, &mine, &error);
             end[t] = now_ns();
+            start[t] = t0;
+            errors[t] = error;
+            samples[t] = std::move(mine);
         });
     }
     for (auto &th : pool) th.join();

@@ -1,0 +1,311 @@
+/*
+ * test_loans.c - entries lent to threads, the table alone: a thread's calls
+ * on its loan, and the recall of plain loans (plain stores, paired with a
+ * barrier on every thread that the table is given): who runs the barrier,
+ * how often, and that a recalled loan answers no more.
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include "legacy.h"
+
+#define CTX 1
+#define ROOM 1000000
+
+static struct ipcc_cache *cache;
+static _Atomic int barriers;
+static int barrier_result;
+
+static int counting_barrier(void)
+{
+    atomic_fetch_add(&barriers, 1);
+    atomic_thread_fence(memory_order_seq_cst);
+    return barrier_result;
+}
+
+static void setup(void)
+{
+    cache = ipcc_cache_create();
+    cr_assert_not_null(cache);
+}
+
+static void teardown(void)
+{
+    ipcc_cache_destroy(cache);
+}
+
+TestSuite(loans, .init = setup, .fini = teardown, .timeout = 10);
+
+static unsigned char *handle(unsigned char tag)
+{
+    static _Thread_local unsigned char bytes[IPCC_HANDLE_BYTES];
+    memset(bytes, 0, sizeof(bytes));
+    bytes[0] = tag;
+    return bytes;
+}
+
+static uint64_t dptr_of(unsigned char tag)
+{
+    return 0x100000ULL * tag;
+}
+
+/* The calling thread takes a reference of entry tag (inserting it if new)
+ * and is lent it, as legacy_calls.c does on a miss or a locked hit. */
+static void take_and_borrow(unsigned char tag)
+{
+    struct ipcc_key k;
+    uint64_t p;
+    ipcc_key_init(&k, CTX, handle(tag), 1);
+    if (!ipcc_cache_acquire(cache, &k, &p))
+        cr_assert_eq(ipcc_cache_insert(cache, &k, NULL, dptr_of(tag), 4096, 1, &p), 1);
+    cr_assert_eq(ipcc_cache_lend_recent(cache, 2, ROOM, ROOM), 1, "entry %d lent", tag);
+}
+
+static int open_lent(unsigned char tag)
+{
+    uint64_t p = 0;
+    int hit = ipcc_cache_open_lent(CTX, handle(tag), 1, &p);
+    cr_assert(!hit || p == dptr_of(tag));
+    return hit;
+}
+
+static int close_lent(unsigned char tag)
+{
+    return ipcc_cache_close_lent(CTX, dptr_of(tag), 3);
+}
+
+/* A thread's open and close of its loan answer without the table. */
+Test(loans, a_loan_answers_its_threads_calls)
+{
+    ipcc_cache_lend_plainly(counting_barrier);
+    take_and_borrow(1);
+    cr_assert_eq(open_lent(1), 1);
+    cr_assert_eq(close_lent(1), 1);
+    cr_assert_eq(close_lent(1), 1, "the reference taken when lent");
+    cr_assert_eq(close_lent(1), 0, "none left: past zero is the table's to answer");
+    cr_assert_eq(open_lent(2), 0, "another handle");
+    cr_assert_eq(atomic_load(&barriers), 0);
+}
+
+/* Lending the thread another entry takes back its own loan: no barrier,
+ * there being no other thread to wait for. */
+Test(loans, own_loan_comes_back_without_a_barrier)
+{
+    ipcc_cache_lend_plainly(counting_barrier);
+    take_and_borrow(1);
+    take_and_borrow(2);
+    cr_assert_eq(open_lent(1), 0);
+    cr_assert_eq(open_lent(2), 1);
+    ipcc_cache_return_lent(cache, 0);
+    cr_assert_eq(open_lent(2), 0);
+    cr_assert_eq(atomic_load(&barriers), 0);
+}
+
+/* ---- other threads' loans -------------------------------------------------- */
+
+static pthread_barrier_t step;
+
+/* Borrows entry (long)arg, then waits while the main thread recalls it, then
+ * reports whether its loan still answered. */
+static void *borrow_then_try(void *arg)
+{
+    unsigned char tag = (unsigned char)(long)arg;
+    ipcc_lock();
+    take_and_borrow(tag);
+    ipcc_unlock();
+    pthread_barrier_wait(&step); /* lent */
+    pthread_barrier_wait(&step); /* recalled */
+    return (void *)(long)(open_lent(tag) || close_lent(tag));
+}
+
+static void start_borrowers(pthread_t *t, const long *tags, int n)
+{
+    pthread_barrier_init(&step, NULL, (unsigned)n + 1);
+    for (int i = 0; i < n; i++)
+        pthread_create(&t[i], NULL, borrow_then_try, (void *)tags[i]);
+    pthread_barrier_wait(&step);
+}
+
+static void finish_borrowers(pthread_t *t, int n)
+{
+    pthread_barrier_wait(&step);
+    for (int i = 0; i < n; i++) {
+        void *answered;
+        pthread_join(t[i], &answered);
+        cr_assert_null(answered, "borrower %d: its loan answered after the recall", i);
+    }
+    pthread_barrier_destroy(&step);
+}
+
+/* The main thread drops the context, which removes n entries. */
+static void drop_context(size_t n)
+{
+    ipcc_lock();
+    cr_assert_eq(ipcc_cache_drop_ctx(cache, CTX, NULL, 0), n);
+    ipcc_unlock();
+}
+
+/* Dropping a context takes back other threads' loans of it: one barrier for
+ * all of them (two threads, two entries, one shared), and their loans answer
+ * no more. */
+Test(loans, recall_of_other_threads_runs_one_barrier)
+{
+    ipcc_cache_lend_plainly(counting_barrier);
+    pthread_t t[3];
+    const long tags[3] = { 1, 2, 2 };
+    start_borrowers(t, tags, 3);
+    drop_context(2);
+    cr_assert_eq(atomic_load(&barriers), 1);
+    finish_borrowers(t, 3);
+}
+
+/* Without a barrier (none given: no membarrier here) loans are atomic, and
+ * a recall of them runs none. */
+Test(loans, atomic_loans_need_no_barrier)
+{
+    pthread_t t[1];
+    const long tags[1] = { 1 };
+    start_borrowers(t, tags, 1);
+    ipcc_cache_lend_plainly(counting_barrier); /* too late for that loan */
+    drop_context(1);
+    cr_assert_eq(atomic_load(&barriers), 0);
+    finish_borrowers(t, 1);
+}
+
+/* A barrier the kernel refuses (it should not, once registered): the recall
+ * still completes, and later ones do without it. */
+Test(loans, refused_barrier_still_recalls)
+{
+    ipcc_cache_lend_plainly(counting_barrier);
+    barrier_result = -1;
+    pthread_t t[1];
+    const long tags[1] = { 1 };
+    start_borrowers(t, tags, 1);
+    drop_context(1);
+    finish_borrowers(t, 1);
+    cr_assert_eq(atomic_load(&barriers), 1);
+
+    start_borrowers(t, tags, 1);
+    drop_context(1);
+    finish_borrowers(t, 1);
+    cr_assert_eq(atomic_load(&barriers), 1, "the refused barrier is not asked again");
+}
+
+/* Borrows entry 1; after the main thread's recall, finds its loan gone,
+ * takes the entry on the locked path (lent again) and reports whether the
+ * new loan answers. */
+static void *borrow_again(void *arg)
+{
+    (void)arg;
+    ipcc_lock();
+    take_and_borrow(1);
+    ipcc_unlock();
+    pthread_barrier_wait(&step); /* lent */
+    pthread_barrier_wait(&step); /* recalled */
+    if (open_lent(1))
+        return (void *)1;
+    ipcc_lock();
+    take_and_borrow(1);
+    ipcc_unlock();
+    return (void *)(long)(open_lent(1) && close_lent(1) && close_lent(1) ? 0 : 2);
+}
+
+/* A plain loan lent again after a recall answers its thread's calls: the
+ * recaller's ask ends with the loan it was for. */
+Test(loans, loan_lent_again_after_a_recall_answers)
+{
+    ipcc_cache_lend_plainly(counting_barrier);
+    pthread_t t;
+    pthread_barrier_init(&step, NULL, 2);
+    pthread_create(&t, NULL, borrow_again, NULL);
+    pthread_barrier_wait(&step);
+    ipcc_lock();
+    ipcc_cache_recall_all(cache);
+    ipcc_unlock();
+    cr_assert_eq(atomic_load(&barriers), 1);
+    pthread_barrier_wait(&step);
+    void *ret;
+    pthread_join(t, &ret);
+    cr_assert_null(ret, "step %ld: %s", (long)ret,
+                   (long)ret == 1 ? "the recalled loan answered" : "the new loan did not answer");
+    pthread_barrier_destroy(&step);
+}
+
+/* ---- an owner's calls racing recalls ---------------------------------------- */
+
+static _Atomic int owner_stop;
+
+/* Opens and closes entry 1 until told to stop, on its loan while it has one,
+ * else on the locked path (which lends it again); non-NULL if a call failed. */
+static void *hit_while_recalled(void *arg)
+{
+    (void)arg;
+    struct ipcc_key k;
+    ipcc_key_init(&k, CTX, handle(1), 1);
+    void *failed = NULL;
+    while (!atomic_load_explicit(&owner_stop, memory_order_relaxed) && !failed) {
+        uint64_t p;
+        if (!open_lent(1)) {
+            ipcc_lock();
+            if (!ipcc_cache_acquire(cache, &k, &p))
+                failed = (void *)1;
+            else
+                ipcc_cache_lend_recent(cache, 2, ROOM, ROOM);
+            ipcc_unlock();
+        }
+        if (!close_lent(1)) {
+            ipcc_lock();
+            if (ipcc_cache_release(cache, CTX, dptr_of(1), 3) != IPCC_RELEASE_OK)
+                failed = (void *)2;
+            ipcc_unlock();
+        }
+    }
+    return failed;
+}
+
+/* The real barrier where the kernel has one (else a fence here only: the
+ * race is then one of preemption alone), counted. */
+static int counted_real_barrier(void)
+{
+    atomic_fetch_add(&barriers, 1);
+    return ipcc_barrier_all_threads() == 0 ? 0 : counting_barrier();
+}
+
+/* One thread hits its plain loan while another recalls it again and again,
+ * sleeping between recalls so that its wake-ups preempt the owner anywhere,
+ * mid-call too (on one processor as on many): each recall either stops the
+ * owner before its update or waits for it, so no update is lost or made on
+ * a loan already taken back (which would crash the next recall). Afterwards
+ * the entry is idle with every reference closed. */
+Test(loans, recalls_racing_an_owner_lose_no_update, .timeout = 60)
+{
+    if (ipcc_barrier_start() != 0)
+        cr_log_warn("no membarrier here: recalls race preemption only");
+    ipcc_cache_lend_plainly(counted_real_barrier);
+    uint64_t p;
+    struct ipcc_key k;
+    ipcc_key_init(&k, CTX, handle(1), 1);
+    cr_assert_eq(ipcc_cache_insert(cache, &k, NULL, dptr_of(1), 4096, 1, &p), 1);
+    cr_assert_eq(ipcc_cache_release(cache, CTX, dptr_of(1), 1), IPCC_RELEASE_OK);
+    pthread_t owner;
+    pthread_create(&owner, NULL, hit_while_recalled, NULL);
+    for (int i = 0; i < 3000; i++) {
+        ipcc_lock();
+        ipcc_cache_recall_all(cache);
+        ipcc_unlock();
+        nanosleep(&(struct timespec){ 0, 10000 }, NULL);
+    }
+    atomic_store(&owner_stop, 1);
+    void *failed;
+    pthread_join(owner, &failed);
+    cr_assert_null(failed, "the owner's locked call %ld failed", (long)failed);
+    cr_assert_gt(atomic_load(&barriers), 100, "the owner was lent and recalled");
+    ipcc_cache_recall_all(cache);
+    struct ipcc_cache_totals t;
+    ipcc_cache_gauges_now(cache, &t);
+    cr_assert_eq(t.live, 0, "a reference left after %d recalls", atomic_load(&barriers));
+    cr_assert_eq(t.idle, 1);
+    cr_assert_eq(ipcc_cache_release(cache, CTX, dptr_of(1), 4), IPCC_RELEASE_PAST_ZERO);
+}
