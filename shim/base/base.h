@@ -1,9 +1,9 @@
 /*
  * base.h - the basics every layer uses: settings, messages, the table lock,
- * text without stdio, the per-user folder, a small key set, a barrier on
- * every thread, processes, and the real driver. Nothing here calls up: the
- * hook table's rows are the entry layer's, registered with driver.c at load
- * (entry/wiring.c). No CUDA header: the pure tables include this.
+ * text without stdio, the per-user folder, a small key set, processes, and
+ * the real driver. Nothing here calls up: the hook table's rows are the
+ * entry layer's, registered with driver.c at load (entry/wiring.c). No CUDA
+ * header: the pure tables include this.
  */
 #ifndef IPCC_BASE_H
 #define IPCC_BASE_H
@@ -129,11 +129,6 @@ IPCC_HIDDEN void ipcc_fork_guard_leave(const sigset_t *saved);
 IPCC_HIDDEN void ipcc_fork_guard_hold(void);
 IPCC_HIDDEN void ipcc_fork_guard_release(void);
 IPCC_HIDDEN void ipcc_fork_guard_reset(void);
-
-/* ---- barrier.c: a memory barrier on every thread at once (membarrier) ---- */
-
-IPCC_HIDDEN int ipcc_barrier_start(void);
-IPCC_HIDDEN int ipcc_barrier_all_threads(void);
 
 /* ---- proc.c: processes named by pid and start time; exit handlers ------- */
 

@@ -62,7 +62,6 @@ IPCC_HIDDEN void ipcc_cache_lent_fork_child(struct ipcc_cache *c);
 IPCC_HIDDEN void ipcc_cache_recall_all(struct ipcc_cache *c);
 IPCC_HIDDEN void ipcc_cache_lent_floor(uint64_t now_ns);
 IPCC_HIDDEN int ipcc_cache_has_lent(void);
-IPCC_HIDDEN void ipcc_cache_lend_plainly(int (*barrier)(void));
 IPCC_HIDDEN int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k,
                                   void *ctx, uint64_t dptr, uint64_t bytes,
                                   uint64_t now_ns, uint64_t *cached_dptr);

@@ -9,8 +9,8 @@
  * across a driver call, so a slow map (milliseconds across GPUs) does not
  * stall other threads' hits. A thread's repeated open and close of one
  * mapping take no lock at all, other threads using it too: the entry is
- * lent to it (legacy_table.c), plain stores on a line of its own (one atomic
- * operation per call where the kernel has no membarrier).
+ * lent to it (legacy_table.c), one atomic operation per call on a line of
+ * its own.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -125,8 +125,6 @@ static uint64_t mapping_bytes(uint64_t dptr)
     return size;
 }
 
-static void start_plain_loans(void);
-
 /* Not cached: map for real, then record the mapping. If the table already
  * holds that mapping (another thread's miss on the same key got in first, or
  * another handle the driver resolved to the same pointer), share its entry
@@ -150,7 +148,6 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
 
     uint64_t dptr = *pdptr, cached = 0;
     uint64_t bytes = mapping_bytes(dptr);
-    start_plain_loans();
     ipcc_lock();
     int inserted = ipcc_cache_insert(ipcc_table(), key, ctx, dptr, bytes, ipcc_now_ns(), &cached);
     if (inserted >= 0)
@@ -218,26 +215,6 @@ static void lend_here(void)
     ipcc_tables_room(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, &room_bytes,
                      &room_entries);
     ipcc_cache_lend_recent(ipcc_table(), ipcc_now_ns(), room_entries, room_bytes);
-}
-
-/* Once, before the first loan (one follows a miss): loans take no locked
- * instruction where the kernel gives a barrier on every thread. Its
- * registration may take milliseconds, so it is done here, outside the lock,
- * on a call that has just mapped for real; other threads' misses meanwhile
- * lend atomically. */
-static void start_plain_loans(void)
-{
-    static _Atomic int started;
-    if (atomic_load_explicit(&started, memory_order_relaxed) ||
-        atomic_exchange_explicit(&started, 1, memory_order_relaxed))
-        return;
-    if (ipcc_barrier_start() != 0) {
-        ipcc_log(IPCC_LOG_DEBUG, "no membarrier: loans use atomic operations");
-        return;
-    }
-    ipcc_lock();
-    ipcc_cache_lend_plainly(ipcc_barrier_all_threads);
-    ipcc_unlock();
 }
 
 /* The clock a lent close is ordered by: a tick's resolution, a fraction of

@@ -17,10 +17,8 @@
  * Out of memory is never fatal: insert() fails and the caller simply does
  * not cache that mapping.
  */
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "legacy.h"
 
@@ -169,17 +167,6 @@ static struct ipcc_entry *recent_entry(const struct ipcc_cache *c)
  * only when the budget has room for it idle (the caller checks; lending it
  * to one more thread needs none), and every budget check counts lent entries
  * as idle (ipcc_cache_lent_totals).
- *
- * Plain loans: where the process has a barrier on every thread (barrier.c,
- * registered by ipcc_cache_lend_plainly), an owner's call on its loan takes
- * no locked instruction. It marks its slot busy, and only if no recall is
- * asked updates the state with a plain store, then clears busy. A compiler
- * fence stands for the full fence its store-then-load needs: a recaller asks
- * every slot it takes back to stop (recalled), runs the barrier once, then
- * waits while each is busy. After the barrier an owner either sees the ask,
- * or was seen busy and its update is complete when busy clears. The wait is
- * for a few instructions of a running thread, never for a driver call or a
- * lock; a fork child, whose other threads are gone mid-call, waits for none.
  */
 #define LENT_SLOTS 64
 #define LENT (1ULL << 63)               /* state: an entry is lent */
@@ -200,24 +187,16 @@ struct lent_slot {
     _Atomic(struct ipcc_entry *) entry; /* followed with the lock only */
     _Atomic int top;                    /* the entry's top slot; -1: none */
     _Atomic int taken;                  /* by a thread, for its life */
-    _Atomic int busy;                   /* plain loan: its owner is updating state */
-    _Atomic int recalled;               /* plain loan: a recaller asks it to stop */
-    int plain;                          /* lent as a plain loan (lock held) */
 } __attribute__((aligned(128))); /* a pair of lines: processors fetch lines in pairs */
-
-_Static_assert(sizeof(struct lent_slot) == 128, "a slot shares no line pair with another");
 
 static struct lent_slot lent_slots[LENT_SLOTS];
 static _Atomic uint64_t lent_count, lent_bytes;  /* written under the lock */
-/* Set once (ipcc_cache_lend_plainly): the barrier plain loans pair with. */
-static int (*_Atomic plain_barrier)(void);
 
 /* The calling thread's slot and what it was lent: read without the lock. */
 static __thread struct {
     struct lent_slot *slot;
     uint64_t ctx_id, dptr;
     uint64_t floor_ns; /* the thread's latest precise stamp: its lent closes come after */
-    int plain;         /* its loan is a plain one (the slot's plain, for the hit path) */
     uint32_t flags;
     unsigned char handle[IPCC_HANDLE_BYTES];
 } lent __attribute__((tls_model("initial-exec")));
@@ -299,8 +278,6 @@ static void lru_insert(struct ipcc_cache *c, struct ipcc_entry *e)
         DL_PREPEND(c->lru, e);
 }
 
-static uint64_t lent_state(const struct ipcc_cache *c, int i);
-
 static uint64_t slot_bit(const struct lent_slot *s)
 {
     return 1ULL << (s - lent_slots);
@@ -370,50 +347,10 @@ static void recall(struct ipcc_cache *c, struct lent_slot *s)
     top_update(c, e, 0);
 }
 
-/* The barrier failed though the process registered for it (it should not):
- * a store waits in a processor's buffer for nanoseconds, so after a
- * millisecond every owner's busy mark is visible. Loans lent from now on
- * are atomic. */
-static void barrier_refused(void)
-{
-    atomic_store_explicit(&plain_barrier, NULL, memory_order_relaxed);
-    nanosleep(&(struct timespec){ 0, 1000000 }, NULL);
-}
-
-/* Lock held: the owners of the plain loans in slots (a bit each), other
- * than the calling thread, stop updating them: each one, at its next call,
- * sees the ask, or was seen busy by the barrier and is waited for. */
-static void stop_owners(uint64_t slots)
-{
-    uint64_t asked = 0;
-    if (lent.slot)
-        slots &= ~slot_bit(lent.slot);
-    for (uint64_t m = slots; m; m &= m - 1) {
-        struct lent_slot *s = &lent_slots[__builtin_ctzll(m)];
-        if (s->plain) {
-            atomic_store_explicit(&s->recalled, 1, memory_order_relaxed);
-            asked |= slot_bit(s);
-        }
-    }
-    if (!asked)
-        return;
-    int (*barrier)(void) = atomic_load_explicit(&plain_barrier, memory_order_relaxed);
-    if (!barrier || barrier() != 0)
-        barrier_refused();
-    for (uint64_t m = asked; m; m &= m - 1) {
-        struct lent_slot *s = &lent_slots[__builtin_ctzll(m)];
-        while (atomic_load_explicit(&s->busy, memory_order_acquire))
-            sched_yield();
-    }
-}
-
 /* Lock held: every loan of e comes back. */
 static void recall_entry(struct ipcc_cache *c, struct ipcc_entry *e)
 {
-    if (!e)
-        return;
-    stop_owners(e->lent_to);
-    while (e->lent_to)
+    while (e && e->lent_to)
         recall(c, &lent_slots[__builtin_ctzll(e->lent_to)]);
 }
 
@@ -455,13 +392,9 @@ static void recall_all(struct ipcc_cache *c)
 {
     if (atomic_load_explicit(&lent_count, memory_order_relaxed) == 0)
         return;
-    uint64_t slots = 0;
     for (int i = 0; i < LENT_SLOTS; i++)
-        if (lent_state(c, i))
-            slots |= 1ULL << i;
-    stop_owners(slots);
-    for (uint64_t m = slots; m; m &= m - 1)
-        recall(c, &lent_slots[__builtin_ctzll(m)]);
+        if (atomic_load_explicit(&lent_slots[i].cache, memory_order_relaxed) == c)
+            recall(c, &lent_slots[i]);
 }
 
 /* Take an entry off every index and the gauges, freeing its aliases; the
@@ -908,8 +841,6 @@ static void lend_to_slot(struct ipcc_cache *c, struct ipcc_entry *e, struct lent
     atomic_store_explicit(&s->bytes, e->bytes, memory_order_relaxed);
     atomic_store_explicit(&s->last_close_ns, now_ns, memory_order_relaxed);
     atomic_store_explicit(&s->top, e->top_slot, memory_order_relaxed);
-    s->plain = lent.plain = atomic_load_explicit(&plain_barrier, memory_order_relaxed) != NULL;
-    atomic_store_explicit(&s->recalled, 0, memory_order_relaxed);
     mirror_outside_refs(e);
     top_update(c, e, 0);
 }
@@ -948,45 +879,6 @@ int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_
     return 1;
 }
 
-/* Plain loans: the owner's side of the recall (see "entries lent to
- * threads"). 1 when no recall is asked: the state is the owner's to update
- * until owner_leave(). */
-static int owner_enter(struct lent_slot *s)
-{
-    atomic_store_explicit(&s->busy, 1, memory_order_relaxed);
-    /* The recaller's barrier makes this a full fence. */
-    atomic_signal_fence(memory_order_seq_cst);
-    return !atomic_load_explicit(&s->recalled, memory_order_relaxed);
-}
-
-static void owner_leave(struct lent_slot *s)
-{
-    atomic_store_explicit(&s->busy, 0, memory_order_release);
-}
-
-/* The owner's update of its state from st to next: a plain store on a plain
- * loan, an atomic exchange (failing if a recall came first) otherwise. */
-static int owner_update(struct lent_slot *s, uint64_t st, uint64_t next)
-{
-    if (lent.plain) {
-        atomic_store_explicit(&s->state, next, memory_order_relaxed);
-        return 1;
-    }
-    return atomic_compare_exchange_strong_explicit(&s->state, &st, next, memory_order_acq_rel,
-                                                   memory_order_relaxed);
-}
-
-/* An open of what this thread was lent, once its slot is its own to update. */
-static inline __attribute__((always_inline)) int open_own_loan(struct lent_slot *s, uint64_t *dptr)
-{
-    uint64_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
-    if (!(st & LENT) || (st & LENT_REFS) == LENT_REFS || (st & LENT_HITS) == LENT_HITS ||
-        !owner_update(s, st, st + LENT_HIT + 1))
-        return 0;
-    *dptr = lent.dptr;
-    return 1;
-}
-
 /* No lock: an open of what this thread was lent takes one of its own
  * references and counts its hit, both in its slot's state. 1 and *dptr
  * set, or 0: the locked path must answer. */
@@ -996,22 +888,13 @@ int ipcc_cache_open_lent(uint64_t ctx_id, const void *handle, uint32_t flags, ui
     if (!s || lent.ctx_id != ctx_id || lent.flags != flags ||
         memcmp(lent.handle, handle, IPCC_HANDLE_BYTES) != 0)
         return 0;
-    if (!lent.plain)
-        return open_own_loan(s, dptr);
-    int hit = owner_enter(s) && open_own_loan(s, dptr);
-    owner_leave(s);
-    return hit;
-}
-
-/* A close of what this thread was lent, once its slot is its own to update. */
-static inline __attribute__((always_inline)) int close_own_loan(struct lent_slot *s, uint64_t now_ns)
-{
     uint64_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
-    if (!(st & LENT) || (st & LENT_REFS) == 0)
+    if (!(st & LENT) || (st & LENT_REFS) == LENT_REFS || (st & LENT_HITS) == LENT_HITS ||
+        !atomic_compare_exchange_strong_explicit(&s->state, &st, st + LENT_HIT + 1,
+                                                 memory_order_acq_rel, memory_order_relaxed))
         return 0;
-    /* Before the state, so that a recall sees it. */
-    atomic_store_explicit(&s->last_close_ns, max_u64(now_ns, lent.floor_ns), memory_order_relaxed);
-    return owner_update(s, st, st - 1);
+    *dptr = lent.dptr;
+    return 1;
 }
 
 /* No lock: a close of what this thread was lent, while it holds a reference
@@ -1022,11 +905,13 @@ int ipcc_cache_close_lent(uint64_t ctx_id, uint64_t dptr, uint64_t now_ns)
     struct lent_slot *s = lent.slot;
     if (!s || lent.dptr != dptr || lent.ctx_id != ctx_id)
         return 0;
-    if (!lent.plain)
-        return close_own_loan(s, now_ns);
-    int closed = owner_enter(s) && close_own_loan(s, now_ns);
-    owner_leave(s);
-    return closed;
+    uint64_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    if (!(st & LENT) || (st & LENT_REFS) == 0)
+        return 0;
+    /* Before the exchange, so that a recall sees it. */
+    atomic_store_explicit(&s->last_close_ns, max_u64(now_ns, lent.floor_ns), memory_order_relaxed);
+    return atomic_compare_exchange_strong_explicit(&s->state, &st, st - 1, memory_order_acq_rel,
+                                                   memory_order_relaxed);
 }
 
 /* Lock held: the calling thread's loan comes back (it exits, or makes a
@@ -1146,14 +1031,6 @@ void ipcc_cache_top_now(const struct ipcc_cache *c, struct ipcc_top_slot *out)
     }
 }
 
-/* Lock held: loans lent from now on use plain stores, barrier
- * (ipcc_barrier_all_threads) taking their recalls' fence; those lent
- * before stay atomic until they come back. */
-void ipcc_cache_lend_plainly(int (*barrier)(void))
-{
-    atomic_store_explicit(&plain_barrier, barrier, memory_order_relaxed);
-}
-
 /* Lock held: every loan of c comes back (an eviction compares idle times). */
 void ipcc_cache_recall_all(struct ipcc_cache *c)
 {
@@ -1164,9 +1041,6 @@ void ipcc_cache_recall_all(struct ipcc_cache *c)
  * forgets its slot. The table is cleared after. */
 void ipcc_cache_lent_fork_child(struct ipcc_cache *c)
 {
-    /* A thread gone mid-call leaves its slot busy: nobody to wait for. */
-    for (int i = 0; i < LENT_SLOTS; i++)
-        atomic_store(&lent_slots[i].busy, 0);
     if (c)
         recall_all(c);
     for (int i = 0; i < LENT_SLOTS; i++) {

@@ -1,8 +1,7 @@
 /*
  * test_loans.c - entries lent to threads, the table alone: a thread's calls
- * on its loan, and the recall of plain loans (plain stores, paired with a
- * barrier on every thread that the table is given): who runs the barrier,
- * how often, and that a recalled loan answers no more.
+ * on its loan, its loan taken back by itself and by other threads, and an
+ * owner's calls racing recalls.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -15,15 +14,6 @@
 #define ROOM 1000000
 
 static struct ipcc_cache *cache;
-static _Atomic int barriers;
-static int barrier_result;
-
-static int counting_barrier(void)
-{
-    atomic_fetch_add(&barriers, 1);
-    atomic_thread_fence(memory_order_seq_cst);
-    return barrier_result;
-}
 
 static void setup(void)
 {
@@ -79,28 +69,24 @@ static int close_lent(unsigned char tag)
 /* A thread's open and close of its loan answer without the table. */
 Test(loans, a_loan_answers_its_threads_calls)
 {
-    ipcc_cache_lend_plainly(counting_barrier);
     take_and_borrow(1);
     cr_assert_eq(open_lent(1), 1);
     cr_assert_eq(close_lent(1), 1);
     cr_assert_eq(close_lent(1), 1, "the reference taken when lent");
     cr_assert_eq(close_lent(1), 0, "none left: past zero is the table's to answer");
     cr_assert_eq(open_lent(2), 0, "another handle");
-    cr_assert_eq(atomic_load(&barriers), 0);
 }
 
-/* Lending the thread another entry takes back its own loan: no barrier,
- * there being no other thread to wait for. */
-Test(loans, own_loan_comes_back_without_a_barrier)
+/* Lending the thread another entry takes back its own loan; so does
+ * returning it (a call whose order matters, or thread exit). */
+Test(loans, own_loan_comes_back)
 {
-    ipcc_cache_lend_plainly(counting_barrier);
     take_and_borrow(1);
     take_and_borrow(2);
     cr_assert_eq(open_lent(1), 0);
     cr_assert_eq(open_lent(2), 1);
     ipcc_cache_return_lent(cache, 0);
     cr_assert_eq(open_lent(2), 0);
-    cr_assert_eq(atomic_load(&barriers), 0);
 }
 
 /* ---- other threads' loans -------------------------------------------------- */
@@ -147,50 +133,15 @@ static void drop_context(size_t n)
     ipcc_unlock();
 }
 
-/* Dropping a context takes back other threads' loans of it: one barrier for
- * all of them (two threads, two entries, one shared), and their loans answer
- * no more. */
-Test(loans, recall_of_other_threads_runs_one_barrier)
+/* Dropping a context takes back other threads' loans of it (two threads,
+ * two entries, one shared): their loans answer no more. */
+Test(loans, recall_takes_back_other_threads_loans)
 {
-    ipcc_cache_lend_plainly(counting_barrier);
     pthread_t t[3];
     const long tags[3] = { 1, 2, 2 };
     start_borrowers(t, tags, 3);
     drop_context(2);
-    cr_assert_eq(atomic_load(&barriers), 1);
     finish_borrowers(t, 3);
-}
-
-/* Without a barrier (none given: no membarrier here) loans are atomic, and
- * a recall of them runs none. */
-Test(loans, atomic_loans_need_no_barrier)
-{
-    pthread_t t[1];
-    const long tags[1] = { 1 };
-    start_borrowers(t, tags, 1);
-    ipcc_cache_lend_plainly(counting_barrier); /* too late for that loan */
-    drop_context(1);
-    cr_assert_eq(atomic_load(&barriers), 0);
-    finish_borrowers(t, 1);
-}
-
-/* A barrier the kernel refuses (it should not, once registered): the recall
- * still completes, and later ones do without it. */
-Test(loans, refused_barrier_still_recalls)
-{
-    ipcc_cache_lend_plainly(counting_barrier);
-    barrier_result = -1;
-    pthread_t t[1];
-    const long tags[1] = { 1 };
-    start_borrowers(t, tags, 1);
-    drop_context(1);
-    finish_borrowers(t, 1);
-    cr_assert_eq(atomic_load(&barriers), 1);
-
-    start_borrowers(t, tags, 1);
-    drop_context(1);
-    finish_borrowers(t, 1);
-    cr_assert_eq(atomic_load(&barriers), 1, "the refused barrier is not asked again");
 }
 
 /* Borrows entry 1; after the main thread's recall, finds its loan gone,
@@ -212,11 +163,10 @@ static void *borrow_again(void *arg)
     return (void *)(long)(open_lent(1) && close_lent(1) && close_lent(1) ? 0 : 2);
 }
 
-/* A plain loan lent again after a recall answers its thread's calls: the
- * recaller's ask ends with the loan it was for. */
+/* A loan lent again after another thread's recall answers its thread's
+ * calls. */
 Test(loans, loan_lent_again_after_a_recall_answers)
 {
-    ipcc_cache_lend_plainly(counting_barrier);
     pthread_t t;
     pthread_barrier_init(&step, NULL, 2);
     pthread_create(&t, NULL, borrow_again, NULL);
@@ -224,7 +174,6 @@ Test(loans, loan_lent_again_after_a_recall_answers)
     ipcc_lock();
     ipcc_cache_recall_all(cache);
     ipcc_unlock();
-    cr_assert_eq(atomic_load(&barriers), 1);
     pthread_barrier_wait(&step);
     void *ret;
     pthread_join(t, &ret);
@@ -236,6 +185,7 @@ Test(loans, loan_lent_again_after_a_recall_answers)
 /* ---- an owner's calls racing recalls ---------------------------------------- */
 
 static _Atomic int owner_stop;
+static _Atomic long owner_lends; /* loans its locked path made it: one per recall seen */
 
 /* Opens and closes entry 1 until told to stop, on its loan while it has one,
  * else on the locked path (which lends it again); non-NULL if a call failed. */
@@ -252,7 +202,7 @@ static void *hit_while_recalled(void *arg)
             if (!ipcc_cache_acquire(cache, &k, &p))
                 failed = (void *)1;
             else
-                ipcc_cache_lend_recent(cache, 2, ROOM, ROOM);
+                atomic_fetch_add(&owner_lends, ipcc_cache_lend_recent(cache, 2, ROOM, ROOM));
             ipcc_unlock();
         }
         if (!close_lent(1)) {
@@ -265,25 +215,14 @@ static void *hit_while_recalled(void *arg)
     return failed;
 }
 
-/* The real barrier where the kernel has one (else a fence here only: the
- * race is then one of preemption alone), counted. */
-static int counted_real_barrier(void)
-{
-    atomic_fetch_add(&barriers, 1);
-    return ipcc_barrier_all_threads() == 0 ? 0 : counting_barrier();
-}
-
-/* One thread hits its plain loan while another recalls it again and again,
+/* One thread hits its loan while another recalls it again and again,
  * sleeping between recalls so that its wake-ups preempt the owner anywhere,
- * mid-call too (on one processor as on many): each recall either stops the
- * owner before its update or waits for it, so no update is lost or made on
- * a loan already taken back (which would crash the next recall). Afterwards
- * the entry is idle with every reference closed. */
+ * mid-call too (on one processor as on many): an update the owner makes
+ * after a recall fails, so none is lost or made on a loan already taken
+ * back (which would crash the next recall). Afterwards the entry is idle
+ * with every reference closed. */
 Test(loans, recalls_racing_an_owner_lose_no_update, .timeout = 60)
 {
-    if (ipcc_barrier_start() != 0)
-        cr_log_warn("no membarrier here: recalls race preemption only");
-    ipcc_cache_lend_plainly(counted_real_barrier);
     uint64_t p;
     struct ipcc_key k;
     ipcc_key_init(&k, CTX, handle(1), 1);
@@ -301,11 +240,11 @@ Test(loans, recalls_racing_an_owner_lose_no_update, .timeout = 60)
     void *failed;
     pthread_join(owner, &failed);
     cr_assert_null(failed, "the owner's locked call %ld failed", (long)failed);
-    cr_assert_gt(atomic_load(&barriers), 100, "the owner was lent and recalled");
+    cr_assert_gt(atomic_load(&owner_lends), 100, "the owner was lent and recalled");
     ipcc_cache_recall_all(cache);
     struct ipcc_cache_totals t;
     ipcc_cache_gauges_now(cache, &t);
-    cr_assert_eq(t.live, 0, "a reference left after %d recalls", atomic_load(&barriers));
+    cr_assert_eq(t.live, 0, "a reference left after %ld loans", atomic_load(&owner_lends));
     cr_assert_eq(t.idle, 1);
     cr_assert_eq(ipcc_cache_release(cache, CTX, dptr_of(1), 4), IPCC_RELEASE_PAST_ZERO);
 }

@@ -27,8 +27,9 @@
 # 7. hitpath: the legacy hit pair alone, A/B/A, threads 1/2/4/8/16 on one
 #    handle and on a handle each (16 allocations of 2 MiB), driver API and
 #    shared cudart, with cudart's own cost of a call (its pair beside the
-#    driver's entry point called directly); tools/bench/hitpath_report.py prints
-#    the table into hitpath.md.
+#    driver's entry point called directly), threads pinned a CPU each beside
+#    one thread alone on each of those CPUs, and the driver's own floor with
+#    threads; tools/bench/hitpath_report.py prints the table into hitpath.md.
 # 8. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
 #    (also printed: the tables for the README's Performance section); then
 #    tools/bench/bench_vmm_report.py adds the tables of 3-5 to summary.md.
@@ -312,7 +313,7 @@ bench_hitpath() {
         for api in driver runtime; do
             note "hitpath $api r$rep"
             timeout "$RUN_TIMEOUT" env -u LD_PRELOAD "$BUILD/ipcbench_shared" --api "$api" --sizes 512M \
-                --threads 1,2,4,8,16 --distinct 16 --distinct-size 2M --shim "$LIB" "${HIT_ARGS[@]}" \
+                --threads 1,2,4,8,16 --distinct 16 --distinct-size 2M --pin --shim "$LIB" "${HIT_ARGS[@]}" \
                 >"$RAW/hitpath_${api}_r$rep.csv" 2>"$RAW/hitpath_${api}_r$rep.log" ||
                 { note "hitpath $api r$rep failed (see $RAW/hitpath_${api}_r$rep.log)"; FAILURES=$((FAILURES + 1)); }
             csvs+=("$RAW/hitpath_${api}_r$rep.csv")

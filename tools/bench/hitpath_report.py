@@ -5,7 +5,8 @@ Medians over the runs given of each row's median per pair and aggregate pairs/s,
 threads 1/2/4/8/16 on one handle ("same") and on a handle each ("different"), A1 and A2
 (no cache: the driver's own refcounted pair, one reference held) beside B (cache hits);
 then, for the runtime API, cudart's pair beside the driver's entry point called directly,
-and the issue's targets checked against the driver API's figures.
+the driver's floor with threads and, pinned (ipcbench --pin), the threads against the same
+CPUs each alone; and the issue's targets checked against the driver API's figures.
 """
 import csv
 import statistics
@@ -26,6 +27,55 @@ def load(paths):
 
 def ns(v):
     return "-" if v is None else (f"{v / 1000:.2f} us" if v >= 1000 else f"{v:.0f} ns")
+
+
+def solo_cores(get, api, rt, mode="shim_hit_pair"):
+    """One thread alone on each CPU (ipcbench --pin): [(median ns, pairs/s)] by CPU."""
+    out = []
+    while (r := get(api, rt, f"{mode}_solo_cpu{len(out)}", 1, "B")):
+        out.append(r)
+    return out
+
+
+def against_alone(get, api, rt, n, solo, modes):
+    """n threads' aggregate over the sum of their n CPUs' pairs/s alone, per mode."""
+    alone = sum(r[1] for r in solo[:n])
+    parts = []
+    for kind, mode in modes:
+        b = get(api, rt, mode, n, "B")
+        if b:
+            parts.append(f"{kind} {n * b[1] / alone:.1f}x")
+    return parts
+
+
+def scaling_lines(get, api, rt, threads):
+    """The floor with threads, and the threads against the same cores alone."""
+    lines = []
+    floor = [(n, get(api, rt, f"context_pair_{n}threads", n, "B")) for n in threads]
+    floor = [(n, f) for n, f in floor if f]
+    if floor:
+        one = floor[0][1][1]
+        lines.append("The driver's two cuCtxGetCurrent alone (the floor), per pair and aggregate: " +
+                     ", ".join(f"{n} thread(s) {ns(f[0])} ({f[1] / one:.1f}x)" for n, f in floor) + ".")
+    solo = solo_cores(get, api, rt)
+    if solo:
+        med = sorted(r[0] for r in solo)
+        lines.append(f"Pinned, one thread alone on each of {len(solo)} CPUs: {ns(statistics.median(med))} "
+                     f"median, {ns(med[0])}-{ns(med[-1])}.")
+        floor_solo = solo_cores(get, api, rt, "context_pair")
+        for n in threads:
+            if n < 2 or n > len(solo):
+                continue
+            parts = against_alone(get, api, rt, n, solo, (
+                ("hits on one handle", f"shim_hit_pair_{n}threads"),
+                ("on a handle each", f"shim_hit_pair_distinct_{n}threads")))
+            if len(floor_solo) >= n:
+                parts += against_alone(get, api, rt, n, floor_solo, (
+                    ("the driver's floor", f"context_pair_{n}threads"),))
+            if parts:
+                lines.append(f"{n} threads against their {n} CPUs alone ({n}x if nothing is shared): " +
+                             ", ".join(parts) + ".")
+    return lines
 
 
 def main(paths):
@@ -72,6 +122,8 @@ def main(paths):
             print(f"\nOne thread, B, single-pair mode (64 pairs per clock reading): {ns(single[0])}"
                   + (f"; of which the driver's two cuCtxGetCurrent (one per call): {ns(context[0])}"
                      if context else "") + ".")
+        for line in scaling_lines(get, api, rt, threads):
+            print(f"\n{line}")
     if targets:
         print("\nTargets (issue 21):\n")
         for t in targets:

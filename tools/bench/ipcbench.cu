@@ -19,6 +19,11 @@
 //                    all threads, plus aggregate pairs per second.
 //   *_distinct_Nthreads  with --distinct K: each of N <= K threads hammers a
 //                    handle of its own (K more allocations of --distinct-size).
+//   context_pair(_Nthreads)  --api driver, B: the driver's two cuCtxGetCurrent
+//                    of a hit pair alone, the floor (with N threads: does it scale?).
+//   *_solo_cpuK      with --pin, shim_hit_pair and context_pair: one thread alone
+//                    on the K-th allowed CPU, the CPUs that N pinned threads use
+//                    (thread t on the t-th).
 //   *_entry          --api runtime only: the same pair through the driver's
 //                    cuIpcOpenMemHandle/cuIpcCloseMemHandle, found with
 //                    cudaGetDriverEntryPointByVersion; beside the cudart pair it
@@ -36,6 +41,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -72,6 +78,7 @@ struct Options {
     int hit_batch = 64;  // cache hits are timed in batches; see time_pairs
     double max_mode_s = 3.0;  // cap per mode so that slow 4 GiB maps stay in budget
     bool header = true;
+    bool pin = false;         // thread t of a run on the t-th allowed CPU; solo rows per CPU
     // importer-only
     bool importer = false;
     const char *pass = "A1";
@@ -228,10 +235,29 @@ Result run_single(const IpcOps &ops, const Handle &h, int iters, uint64_t max_ns
     return r;
 }
 
+// With --pin: the CPUs this process may use, in order; thread t of a run
+// (counted from first_cpu) is pinned to pin_cpus[t % size]. Empty: no pinning.
+std::vector<int> pin_cpus;
+
+void load_pin_cpus() {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set)) pin_cpus.push_back(c);
+}
+
+void pin_thread(int t) {
+    if (pin_cpus.empty()) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(pin_cpus[(size_t)t % pin_cpus.size()], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
 // N threads, released together by a barrier, share `iters` pairs; thread t
-// uses handle hs[t % hs.size()].
+// uses handle hs[t % hs.size()] (and, pinned, CPU first_cpu + t).
 Result run_threads(const IpcOps &ops, const std::vector<Handle> &hs, int iters, int nthreads,
-                   uint64_t max_ns, int batch = 1) {
+                   uint64_t max_ns, int batch = 1, int first_cpu = 0) {
     pthread_barrier_t barrier;
     pthread_barrier_init(&barrier, nullptr, (unsigned)nthreads);
     std::vector<std::vector<uint64_t>> samples(nthreads);
@@ -243,6 +269,7 @@ Result run_threads(const IpcOps &ops, const std::vector<Handle> &hs, int iters, 
             // Samples and errors kept in the thread's own vector until the end:
             // the vectors' headers lie side by side, and writing them while
             // timing would add the bench's own false sharing to every pair.
+            pin_thread(first_cpu + t);
             int error = ops.bind_thread();
             int share = iters / nthreads + (t < iters % nthreads ? 1 : 0);
             std::vector<uint64_t> mine;
@@ -269,8 +296,8 @@ Result run_threads(const IpcOps &ops, const std::vector<Handle> &hs, int iters, 
 }
 
 Result run_threads(const IpcOps &ops, const Handle &h, int iters, int nthreads, uint64_t max_ns,
-                   int batch = 1) {
-    return run_threads(ops, std::vector<Handle>{h}, iters, nthreads, max_ns, batch);
+                   int batch = 1, int first_cpu = 0) {
+    return run_threads(ops, std::vector<Handle>{h}, iters, nthreads, max_ns, batch, first_cpu);
 }
 
 uint64_t percentile(std::vector<uint64_t> v, double q) {
@@ -391,6 +418,20 @@ struct Importer {
             IpcOps context_ops = ops;
             context_ops.context_only = true;
             emit(size, "context_pair", 1, run_single(context_ops, h, o.hit_iters, cap, o.hit_batch));
+            // The floor with threads: does the driver's own call scale?
+            for (int n : o.threads) {
+                std::string mode = "context_pair_" + std::to_string(n) + "threads";
+                emit(size, mode.c_str(), n, run_threads(context_ops, h, o.hit_iters, n, cap, o.hit_batch));
+            }
+            // Pinned: one thread alone on each CPU the threaded runs use, so that
+            // their scaling is measured against the same cores.
+            int most = *std::max_element(o.threads.begin(), o.threads.end());
+            for (int k = 0; o.pin && k < most && k < (int)pin_cpus.size(); k++) {
+                std::string cpu = "solo_cpu" + std::to_string(k);
+                emit(size, ("shim_hit_pair_" + cpu).c_str(), 1, run_threads(ops, h, o.hit_iters, 1, cap, o.hit_batch, k));
+                emit(size, ("context_pair_" + cpu).c_str(), 1,
+                     run_threads(context_ops, h, o.hit_iters, 1, cap, o.hit_batch, k));
+            }
         }
         if (entry_ops)
             emit(size, "shim_hit_pair_entry", 1, run_single(*entry_ops, h, o.hit_iters, cap, o.hit_batch));
@@ -531,6 +572,7 @@ PassOutcome run_pass(const Options &o, const char *pass, const std::vector<Expor
                                      "--hit-batch", std::to_string(o.hit_batch),
                                      "--threads", join_ints(o.threads),
                                      "--max-mode-seconds", std::to_string(o.max_mode_s),
+                                     o.pin ? "--pin" : "--no-header",
                                      "--cmd-fd", "10",
                                      "--reply-fd", "11"};
     std::vector<std::string> env = importer_env(o, strcmp(pass, "B") == 0, stats_file);
@@ -766,6 +808,7 @@ void usage() {
             "                [--hit-batch N (pairs per clock reading for hits, default 64)]\n"
             "                [--threads 1,2,4,8,16] [--max-mode-seconds S] [--no-header]\n"
             "                [--distinct K (K more allocations, one handle per thread)] [--distinct-size 2M]\n"
+            "                [--pin (thread t on the t-th allowed CPU; hits alone on each of those CPUs)]\n"
             "Run the exporter without LD_PRELOAD; --shim LIB is preloaded into the B-pass importer only.\n");
 }
 
@@ -774,6 +817,7 @@ bool parse_args(int argc, char **argv, Options *o) {
         std::string a = argv[i];
         if (a == "--importer") { o->importer = true; continue; }
         if (a == "--no-header") { o->header = false; continue; }
+        if (a == "--pin") { o->pin = true; continue; }
         if (a == "-h" || a == "--help") return false;
         if (i + 1 >= argc) return false;
         const char *v = argv[++i];
@@ -812,6 +856,7 @@ int main(int argc, char **argv) {
         usage();
         return 2;
     }
+    if (o.pin) load_pin_cpus();
     if (o.importer) {
         Importer imp{o, IpcOps{o.api, o.device}, fdopen(o.reply_fd, "w"),
                      o.api == Api::Runtime ? cudart_linkage() : "none"};
