@@ -1012,12 +1012,12 @@ static int scenario_fork(int argc, char **argv)
 
 /*
  * Forks while threads hit their loans, unparked: each of HITTERS threads
- * opens and closes handle 3 (lent to it, plain stores where the kernel has
- * membarrier) as fast as it can, so a fork copies some of them mid-call,
- * their slots marked busy. A child that waited for those threads (gone in
- * it) would hang; each child opens, closes and exits within alarm()'s 5 s.
- * The hitting threads call only the stand-in's lock-free cuCtxGetCurrent, so
- * no lock of the stand-in's is copied held.
+ * opens and closes handle 3 (lent to it: no lock) as fast as it can, so a
+ * fork copies some of them mid-call. The child's fork handling takes back
+ * loans of threads it does not have; were it to wait for any of them it
+ * would hang. Each child opens, closes and exits within alarm()'s 5 s. The
+ * hitting threads call only the stand-in's lock-free cuCtxGetCurrent, so no
+ * lock of the stand-in's is copied held.
  */
 #define HITTERS 4
 #define HITTING_FORKS 20
@@ -1060,10 +1060,11 @@ static int scenario_fork_hitting(int argc, char **argv)
     for (int i = 0; i < HITTERS; i++)
         while (atomic_load(&hitting.iterations[i]) < 100)
             sched_yield();
+    /* Stops at the first failed child: wait_child kills a hung one within
+     * its 10 s, well inside the test's time, so none outlives the probe. */
     int children_failed = 0;
-    for (int i = 0; i < HITTING_FORKS; i++) {
+    for (int i = 0; i < HITTING_FORKS && !children_failed; i++)
         children_failed += fork_and_wait(&h);
-    }
     atomic_store(&hitting.stop, 1);
     for (int i = 0; i < HITTERS; i++)
         pthread_join(t[i], NULL);
