@@ -17,9 +17,8 @@ build=${IPCC_TEST_BUILD:-build}
 tsan=$build/tsan
 TAP_SHOW="$tmp/out"
 
-# First at full speed, unsanitized: more interleavings of owners' calls with
-# recalls in a second than ThreadSanitizer's pace gives (a recall that did not
-# wait for an owner mid-call loses its update).
+# First at full speed, unsanitized: more interleavings of owners' calls on
+# their loans with recalls in a second than ThreadSanitizer's pace gives.
 if make --no-print-directory -C "$root" BUILD="$build" "$build/tests/race_threads" >"$tmp/out" 2>&1; then
     fast() {
         local i

@@ -572,9 +572,9 @@ PassOutcome run_pass(const Options &o, const char *pass, const std::vector<Expor
                                      "--hit-batch", std::to_string(o.hit_batch),
                                      "--threads", join_ints(o.threads),
                                      "--max-mode-seconds", std::to_string(o.max_mode_s),
-                                     o.pin ? "--pin" : "--no-header",
                                      "--cmd-fd", "10",
                                      "--reply-fd", "11"};
+    if (o.pin) args.push_back("--pin");
     std::vector<std::string> env = importer_env(o, strcmp(pass, "B") == 0, stats_file);
     std::vector<char *> argv, envp;
     for (auto &s : args) argv.push_back(&s[0]);
