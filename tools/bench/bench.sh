@@ -30,7 +30,15 @@
 #    driver's entry point called directly), threads pinned a CPU each beside
 #    one thread alone on each of those CPUs, and the driver's own floor with
 #    threads; tools/bench/hitpath_report.py prints the table into hitpath.md.
-# 8. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
+# 8. tools/bench/engine/engine_bench.py (engine): an engine's own numbers with
+#    the GPU busy: SGLang's transport between a producer (the tokenizer
+#    worker) and a scheduler running Qwen2.5-VL-3B's language model (random
+#    weights) on the features: requests/s, time to first token, the
+#    transport's share; then the weight sync with SGLang's serializer and
+#    buckets while the engine forwards; A1/B/A2, legacy and expandable,
+#    SGLang's cache off and on; tables in engine.md and summary.md (skipped,
+#    said so, without `make peer-fetch`'s copy). BENCH_TP=N: N scheduler ranks.
+# 9. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
 #    (also printed: the tables for the README's Performance section); then
 #    tools/bench/bench_vmm_report.py adds the tables of 3-5 to summary.md.
 # With two or more GPUs, everything but 5 is also run across devices (GPU0 -> GPU1).
@@ -40,7 +48,9 @@
 #   BENCH_OUT     results folder (default results/<yyyymmdd>-<gpu-name>)
 #   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
-#   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost hitpath")
+#   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost hitpath engine")
+#   BENCH_TP      the engine part's scheduler ranks, one per GPU (default 1)
+#   BENCH_ENGINE  the engine part's pieces (default "serve sync")
 #   BENCH_SHAPES  the part shapes' list (default one,one_synced,reversed,shuffled,all,buckets,two)
 #   PEER_DIR      where `make peer-fetch` put sglang/ (default .peer)
 #   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
@@ -55,7 +65,7 @@ LIB=${IPCCACHE_LIB:-build/libipccache.so}
 QUICK=${BENCH_QUICK:-0}
 BUILD=build/bench
 FAILURES=0
-PARTS=" ${BENCH_PARTS:-ipc sglang sglang-code vmm torch shapes ghost hitpath} "
+PARTS=" ${BENCH_PARTS:-ipc sglang sglang-code vmm torch shapes ghost hitpath engine} "
 SHAPES=${BENCH_SHAPES:-one,one_synced,reversed,shuffled,all,buckets,two}
 SGLANG_FETCHED=${PEER_DIR:-.peer}/sglang
 
@@ -66,6 +76,7 @@ if [ "$QUICK" = 1 ]; then
     SG_ARGS=(--warmup 20 --requests 200 --rate-requests 200 --rate 200)
     VMM_ITERS=50 TORCH_ARGS=(--features 200 --steps 10 --warmup 2) GHOST_ITERS=20
     SGLANG_CODE_ARGS=(--features 200 --warmup 10)
+    ENGINE_SERVE_ARGS=(--requests 48 --burst 24 --warmup 8) ENGINE_SYNC_ARGS=(--steps 3 --warmup 1)
 else
     REPS=${BENCH_REPS:-3}
     IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
@@ -73,6 +84,7 @@ else
     SG_ARGS=(--warmup 50 --requests 500 --rate-requests 500 --rate 200)
     VMM_ITERS=200 TORCH_ARGS=(--features 500 --steps 60 --warmup 5) GHOST_ITERS=200
     SGLANG_CODE_ARGS=(--features 500 --warmup 20)
+    ENGINE_SERVE_ARGS=(--requests 128 --burst 48 --warmup 12) ENGINE_SYNC_ARGS=(--steps 6 --warmup 1)
 fi
 RUN_TIMEOUT=300
 
@@ -322,6 +334,48 @@ bench_hitpath() {
     "$PYTHON" tools/bench/hitpath_report.py "${csvs[@]}" | tee "$OUT/hitpath.md" || FAILURES=$((FAILURES + 1))
 }
 
+# The engine's own numbers (tools/bench/engine/engine_bench.py), A1/B/A2 in
+# one run; each pass runs every allocator and SGLang cache setting.
+bench_engine() {
+    local tree=$BUILD/sglang-tree piece pass
+    if [ ! -f "$SGLANG_FETCHED/MANIFEST" ]; then
+        note "engine: skipped: no $SGLANG_FETCHED/MANIFEST (run make peer-fetch where there is a network)"
+        return
+    fi
+    "$PYTHON" tools/sglang_peer/prepare.py "$SGLANG_FETCHED" "$tree" || { FAILURES=$((FAILURES + 1)); return; }
+    for piece in ${BENCH_ENGINE:-serve sync}; do
+        local -a args=("${ENGINE_SERVE_ARGS[@]}" --tp "${BENCH_TP:-1}")
+        [ "$piece" = sync ] && args=("${ENGINE_SYNC_ARGS[@]}")
+        for pass in A1 B A2; do
+            local -a envs=(-u LD_PRELOAD)
+            [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
+                                     IPCCACHE_STATS_FILE="$RAW/stats_engine_${piece}_B.%p.json")
+            note "engine $piece $pass"
+            timeout "$((RUN_TIMEOUT * 3))" env -u PYTORCH_CUDA_ALLOC_CONF "${envs[@]}" \
+                PYTHONPATH="$tree/src:tools/sglang_peer/site" SGLANG_PEER_DEPS="$tree/deps" \
+                SGLANG_PEER_STUB_TRANSFORMERS=1 PYTHONUNBUFFERED=1 "$PYTHON" tools/bench/engine/engine_bench.py \
+                "$piece" "${args[@]}" --label "$pass" --out "$RAW/engine_${piece}_$pass.json" \
+                >"$RAW/engine_${piece}_$pass.txt" 2>&1 ||
+                { note "engine $piece $pass failed (see $RAW/engine_${piece}_$pass.txt)"; FAILURES=$((FAILURES + 1)); }
+        done
+    done
+}
+
+# The engine's tables into engine.md and summary.md.
+report_engine() {
+    local piece
+    for piece in serve sync; do
+        [ -f "$RAW/engine_${piece}_B.json" ] || continue
+        {
+            echo
+            echo "## The engine's own numbers: $piece (tools/bench/engine/engine_bench.py)"
+            echo
+            "$PYTHON" tools/bench/engine/engine_bench.py report "$RAW/engine_${piece}_A1.json" \
+                "$RAW/engine_${piece}_B.json" "$RAW/engine_${piece}_A2.json" || return 1
+        } | tee -a "$OUT/engine.md" >>"$OUT/summary.md"
+    done
+}
+
 bench_ipc_sglang() {
     local rep dev have_torch=$1
     build_ipcbench || exit 1
@@ -346,7 +400,7 @@ main() {
     local have_torch=0 started=$SECONDS
     DEVS=(0)
     [ "$NGPU" -ge 2 ] && DEVS=(0 1)
-    if part sglang || part sglang-code || part torch || part shapes; then
+    if part sglang || part sglang-code || part torch || part shapes || part engine; then
         torch_ready && have_torch=1
         [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: the PyTorch benchmarks are skipped"
     fi
@@ -359,12 +413,14 @@ main() {
     if part shapes && [ "$have_torch" = 1 ]; then bench_shapes; fi
     if part ghost; then bench_ghost; fi
     if part hitpath; then bench_hitpath; fi
+    if part engine && [ "$have_torch" = 1 ]; then bench_engine; fi
     note "measurements took $((SECONDS - started)) s"
     if part ipc || part sglang; then
         "$PYTHON" tools/bench/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
             FAILURES=$((FAILURES + 1))
     fi
     if part sglang-code; then report_sglang_code || FAILURES=$((FAILURES + 1)); fi
+    if part engine; then report_engine || FAILURES=$((FAILURES + 1)); fi
     if part vmm || part torch || part shapes || part ghost; then
         "$PYTHON" tools/bench/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
     fi
