@@ -184,10 +184,15 @@ static CUresult open_uncached(int slot, CUdeviceptr *pdptr, const CUipcMemHandle
 static pthread_key_t lent_key;
 static int lent_key_made;
 
-/* A thread that ends gives its loan back (its references stay counted). */
-static void return_at_thread_exit(void *unused)
+/* A thread's exit watch (lend_here's): not asked for yet, armed, or run. */
+enum { WATCH_NONE, WATCH_ARMED, WATCH_RAN };
+
+/* A thread that ends gives its loan back (its references stay counted) and
+ * is never lent again: an IPC call from an exit destructor run after this
+ * one would take a slot that nothing gives back. */
+static void return_at_thread_exit(void *watch)
 {
-    (void)unused;
+    *(int *)watch = WATCH_RAN;
     ipcc_lock();
     ipcc_cache_return_lent(ipcc_table(), 1);
     ipcc_unlock();
@@ -200,7 +205,7 @@ static void make_lent_key(void)
 
 /* Lock held, after this thread's hit or insert: lends it the entry if the
  * idle budget has room for it (cache.c says why). Without a way to give it
- * back at thread exit, nothing is lent. */
+ * back at thread exit, or once that has run, nothing is lent. */
 static void lend_here(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -209,9 +214,10 @@ static void lend_here(void)
     if (!ipcc_cache_recent_lendable(ipcc_table()))
         return;
     pthread_once(&once, make_lent_key);
-    if (!lent_key_made || (!watched && pthread_setspecific(lent_key, &watched) != 0))
+    if (!lent_key_made || watched == WATCH_RAN ||
+        (watched == WATCH_NONE && pthread_setspecific(lent_key, &watched) != 0))
         return;
-    watched = 1;
+    watched = WATCH_ARMED;
     ipcc_tables_room(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, &room_bytes,
                      &room_entries);
     ipcc_cache_lend_recent(ipcc_table(), ipcc_now_ns(), room_entries, room_bytes);

@@ -257,3 +257,141 @@ Test(threads, shared_loan_counted_once_in_the_stats, .timeout = 30)
     cr_assert_eq(tu_stat_after(stats, "\"top\":", "hits"), 8, "the loans' hits are in the top list");
     cr_assert_eq(tu_stat_after(stats, "\"top\":", "refs"), 2);
 }
+
+/* With the budget full, an entry lent to one thread is lent to the other
+ * too (counted idle once, already): neither takes the lock on its hits. */
+Test(threads, shared_handle_lent_with_the_budget_full, .timeout = 30)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "1", 1);
+    const char *stats = tu_stats_file();
+    shared_ctx = tu_context();
+    tu_close(tu_open(tu_handle(500, 1 << 20)));
+    tu_run_threads(pair_on_my_turns, 2);
+    raise(SIGUSR1);
+    cr_assert_leq(tu_stat(stats, "hits_locked"), 2, "hits took the lock: %lld of %d",
+                  tu_stat(stats, "hits_locked"), 2 * TURNS);
+}
+
+/* ---- loans and the thread's life ------------------------------------------ */
+
+#define PAIRS 100
+#define CHURN 100 /* threads one after another: more than the 64 loan slots */
+static pthread_key_t late_key;
+static atomic_int late_failures;
+
+/* n open/close pairs of handle 600 in the calling thread; 0 when all succeed. */
+static int pairs_on_600(int n)
+{
+    CUipcMemHandle h = tu_handle(600, 1 << 20);
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p = 0;
+        if (cuIpcOpenMemHandle(&p, h, 1) != CUDA_SUCCESS || cuIpcCloseMemHandle(p) != CUDA_SUCCESS)
+            return -1;
+    }
+    return 0;
+}
+
+/* How a thread of these tests runs: its pairs, and whether it arms late_key. */
+enum { CHURNED, CHURNED_LATE_EXIT, MEASURED };
+
+static void *pairs_then_exit(void *arg)
+{
+    long how = (long)arg;
+    cuCtxSetCurrent(shared_ctx);
+    if (how == CHURNED_LATE_EXIT && pthread_setspecific(late_key, &late_key) != 0)
+        return (void *)1;
+    return pairs_on_600(how == MEASURED ? PAIRS : 2) == 0 ? NULL : (void *)2;
+}
+
+/* CHURN threads, one after another, each lent handle 600, then exiting. */
+static void churn(long how)
+{
+    for (int i = 0; i < CHURN; i++) {
+        pthread_t t;
+        void *ret;
+        cr_assert_eq(pthread_create(&t, NULL, pairs_then_exit, (void *)how), 0);
+        pthread_join(t, &ret);
+        cr_assert_null(ret, "thread %d failed at step %ld", i, (long)ret);
+    }
+}
+
+/* The locked hits of PAIRS open/close pairs of handle 600 in a new thread. */
+static long long locked_hits_of_a_new_thread(const char *stats)
+{
+    pthread_t t;
+    void *ret;
+    raise(SIGUSR1);
+    long long before = tu_stat(stats, "hits_locked");
+    cr_assert_eq(pthread_create(&t, NULL, pairs_then_exit, (void *)MEASURED), 0);
+    pthread_join(t, &ret);
+    cr_assert_null(ret);
+    raise(SIGUSR1);
+    return tu_stat(stats, "hits_locked") - before;
+}
+
+/* Threads that exit give their loan slots back: after more threads than
+ * slots have come and gone, a new thread's hits are lent again (one locked
+ * hit, the rest without the lock). */
+Test(threads, exited_threads_give_their_slots_back, .timeout = 30)
+{
+    const char *stats = tu_stats_file();
+    shared_ctx = tu_context();
+    tu_close(tu_open(tu_handle(600, 1 << 20)));
+    churn(CHURNED);
+    long long locked = locked_hits_of_a_new_thread(stats);
+    cr_assert_leq(locked, 2, "%lld of %d hits took the lock", locked, PAIRS);
+}
+
+/* An exit destructor that runs after the library's: its key is made after
+ * the library's (made at the first loan), and glibc runs a round's
+ * destructors in the order their keys were made. */
+static void ipc_at_late_exit(void *unused)
+{
+    (void)unused;
+    if (pairs_on_600(2) != 0)
+        atomic_fetch_add(&late_failures, 1);
+}
+
+/* Threads whose IPC calls go on in an exit destructor run after the
+ * library's leave no loan slot taken: after more of them than slots, a new
+ * thread's hits are still lent. */
+Test(threads, ipc_in_a_late_exit_destructor_leaves_no_slot_taken, .timeout = 30)
+{
+    const char *stats = tu_stats_file();
+    shared_ctx = tu_context();
+    tu_close(tu_open(tu_handle(600, 1 << 20)));
+    tu_close(tu_open(tu_handle(600, 1 << 20))); /* lent: the library's key is made */
+    cr_assert_eq(pthread_key_create(&late_key, ipc_at_late_exit), 0);
+    churn(CHURNED_LATE_EXIT);
+    cr_assert_eq(atomic_load(&late_failures), 0, "an IPC call in the late destructor failed");
+    long long locked = locked_hits_of_a_new_thread(stats);
+    cr_assert_leq(locked, 2, "%lld of %d hits took the lock", locked, PAIRS);
+}
+
+static CUdeviceptr held_by_main;
+
+/* Closes the reference the main thread holds on its loan. */
+static void *close_mains_reference(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(shared_ctx);
+    return cuIpcCloseMemHandle(held_by_main) == CUDA_SUCCESS ? NULL : (void *)1;
+}
+
+/* A thread's loan taken back by another thread's close: the thread's next
+ * hits of that handle, answered from its memo, lend it the entry again
+ * (after the locked uses in a row that such a recall asks for). */
+Test(threads, memo_hit_lends_again_after_a_recall, .timeout = 30)
+{
+    const char *stats = tu_stats_file();
+    shared_ctx = tu_context();
+    held_by_main = tu_open(tu_handle(600, 1 << 20)); /* lent to the main thread */
+    tu_run_threads(close_mains_reference, 1);
+    raise(SIGUSR1);
+    long long before = tu_stat(stats, "hits_locked");
+    cr_assert_eq(pairs_on_600(PAIRS), 0);
+    raise(SIGUSR1);
+    long long locked = tu_stat(stats, "hits_locked") - before;
+    cr_assert_leq(locked, 3, "%lld of %d hits took the lock", locked, PAIRS);
+    cr_assert_eq(tu_driver().maps, 1);
+}

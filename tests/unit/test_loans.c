@@ -1,7 +1,8 @@
 /*
  * test_loans.c - entries lent to threads, the table alone: a thread's calls
- * on its loan, its loan taken back by itself and by other threads, and an
- * owner's calls racing recalls.
+ * on its loan, its loan taken back by itself and by other threads, an
+ * owner's calls racing recalls, what a recall folds back (idle time, the top
+ * list), lending with the budget full, and a fork child's slots.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -247,4 +248,143 @@ Test(loans, recalls_racing_an_owner_lose_no_update, .timeout = 60)
     cr_assert_eq(t.live, 0, "a reference left after %ld loans", atomic_load(&owner_lends));
     cr_assert_eq(t.idle, 1);
     cr_assert_eq(ipcc_cache_release(cache, CTX, dptr_of(1), 4), IPCC_RELEASE_PAST_ZERO);
+}
+
+/* ---- what a recall folds back ------------------------------------------------ */
+
+/* Runs fn in a thread of its own and joins it. */
+static void in_thread(void *(*fn)(void *))
+{
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, fn, NULL), 0);
+    pthread_join(t, NULL);
+}
+
+/* The calling thread takes a reference of entry tag at time now and is lent
+ * it, with no room left in the budget (an entry lent already needs none):
+ * 1 when lent. */
+static int take_and_borrow_full(unsigned char tag, uint64_t now)
+{
+    struct ipcc_key k;
+    uint64_t p;
+    ipcc_key_init(&k, CTX, handle(tag), 1);
+    cr_assert_eq(ipcc_cache_acquire(cache, &k, &p), 1, "entry %d cached", tag);
+    return ipcc_cache_lend_recent(cache, now, 0, 0);
+}
+
+/* Lent entry 1, closes it at 10 (its slot's last close); the loan stays. */
+static void *borrow_and_close_at_10(void *arg)
+{
+    (void)arg;
+    ipcc_lock();
+    take_and_borrow(1);
+    ipcc_unlock();
+    cr_assert_eq(ipcc_cache_close_lent(CTX, dptr_of(1), 10), 1);
+    return NULL;
+}
+
+/* Entry tag, inserted and closed at now: idle since then. */
+static void idle_at(unsigned char tag, uint64_t now)
+{
+    struct ipcc_key k;
+    uint64_t p;
+    ipcc_key_init(&k, CTX, handle(tag), 1);
+    cr_assert_eq(ipcc_cache_insert(cache, &k, NULL, dptr_of(tag), 4096, now, &p), 1);
+    cr_assert_eq(ipcc_cache_release(cache, CTX, dptr_of(tag), now), IPCC_RELEASE_OK);
+}
+
+/* An entry lent to two threads went idle at its latest close (30, by the
+ * main thread, whose slot is recalled first), not at the other slot's older
+ * one (10): entry 3, idle since 20 between them, is the one evicted. */
+Test(loans, recall_keeps_the_latest_close)
+{
+    take_and_borrow(9); /* the main thread's slot comes first */
+    idle_at(1, 1);
+    in_thread(borrow_and_close_at_10);
+    idle_at(3, 20);
+    cr_assert_eq(take_and_borrow_full(1, 25), 1);
+    cr_assert_eq(ipcc_cache_close_lent(CTX, dptr_of(1), 30), 1);
+    ipcc_cache_recall_all(cache);
+    uint64_t oldest = 0;
+    cr_assert_eq(ipcc_cache_oldest_idle(cache, &oldest), 1);
+    cr_assert_eq(oldest, 20, "entry 1 went idle at %llu, before entry 3",
+                 (unsigned long long)oldest);
+    struct ipcc_victim v;
+    cr_assert_eq(ipcc_cache_evict(cache, ROOM, 1, &v, 1), 1);
+    cr_assert_eq(v.dptr, dptr_of(3));
+}
+
+/* The references the top list shows for the table's one entry. */
+static uint64_t top_refs(void)
+{
+    static struct ipcc_top_slot top[IPCC_TOP_SLOTS];
+    ipcc_cache_top_now(cache, top);
+    for (int i = 0; i < IPCC_TOP_SLOTS; i++)
+        if (top[i].used)
+            return top[i].refs;
+    cr_assert_fail("the entry has no top slot");
+    return 0;
+}
+
+/* A recalled loan's references show in the top list: the program holds
+ * both (the one taken when lent and one more). */
+Test(loans, recall_shows_its_references_in_the_top_list)
+{
+    struct ipcc_key k;
+    uint64_t p;
+    ipcc_key_init(&k, CTX, handle(1), 1);
+    cr_assert_eq(ipcc_cache_insert(cache, &k, NULL, dptr_of(1), 4096, 1, &p), 1);
+    cr_assert_eq(ipcc_cache_lend_recent(cache, 2, ROOM, ROOM), 1);
+    cr_assert_eq(open_lent(1), 1);
+    cr_assert_eq(top_refs(), 2, "while lent");
+    ipcc_cache_recall_all(cache);
+    cr_assert_eq(top_refs(), 2, "after the recall");
+}
+
+/* Lent entry 1 (it stays lent: nothing returns it). */
+static void *borrow_1(void *arg)
+{
+    (void)arg;
+    ipcc_lock();
+    take_and_borrow(1);
+    ipcc_unlock();
+    return NULL;
+}
+
+/* An entry lent to one thread is lent to a second with the budget full: it
+ * is counted idle once, already. */
+Test(loans, shared_entry_lent_with_the_budget_full)
+{
+    in_thread(borrow_1);
+    cr_assert_eq(take_and_borrow_full(1, 3), 1, "the second thread was not lent it");
+    cr_assert_eq(open_lent(1), 1);
+}
+
+/* ---- fork child ---------------------------------------------------------------- */
+
+/* After a fork the forking thread takes a slot of its own again: a thread of
+ * the child lent one entry and the forking thread lent another count each
+ * reference on its own entry. */
+Test(loans, fork_child_threads_keep_their_own_slots)
+{
+    take_and_borrow(1); /* the forking thread's slot */
+    ipcc_cache_lent_fork_child(cache);
+    ipcc_cache_clear(cache);
+    pthread_t t;
+    pthread_barrier_init(&step, NULL, 2);
+    pthread_create(&t, NULL, borrow_then_try, (void *)2L); /* a thread of the child */
+    pthread_barrier_wait(&step);
+    take_and_borrow(3);
+    pthread_barrier_wait(&step);
+    void *opened;
+    pthread_join(t, &opened);
+    pthread_barrier_destroy(&step);
+    cr_assert_eq((long)opened, 1, "the thread's loan of entry 2 answered");
+    ipcc_cache_recall_all(cache);
+    for (unsigned char tag = 2; tag <= 3; tag++) {
+        int refs = 0;
+        while (ipcc_cache_release(cache, CTX, dptr_of(tag), 4) == IPCC_RELEASE_OK)
+            refs++;
+        cr_assert_eq(refs, tag == 2 ? 2 : 1, "entry %d had %d references", tag, refs);
+    }
 }
