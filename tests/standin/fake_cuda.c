@@ -161,6 +161,14 @@ static int current_slot(void)
     return s >= 0 && g_ctx[s].id == e->id ? s : -1;
 }
 
+/* Why there is no current context: the driver tells a current context
+ * destroyed (by another thread; or at its address a new one since, which
+ * this thread never made current) from none at all. */
+static CUresult no_current_error(void)
+{
+    return t_depth ? CUDA_ERROR_CONTEXT_IS_DESTROYED : CUDA_ERROR_INVALID_CONTEXT;
+}
+
 /* Lowest free slot, so a destroy + create hands out the same address. */
 static int ctx_alloc(CUdevice dev, unsigned int flags, int primary)
 {
@@ -398,10 +406,15 @@ static CUresult ctx_get_id(CUcontext ctx, unsigned long long *id)
     CHECK_DEINIT();
     if (!id) return CUDA_ERROR_INVALID_VALUE;
     lock();
+    /* NULL: the current context's id, as documented (ids are unique for the
+     * life of the process, so a context born at a dead one's address has
+     * another). A dead pointer: INVALID_CONTEXT (tests/gpu/ctx_ids.c asks
+     * the real driver). */
     int s = ctx ? slot_of(ctx) : current_slot();
     if (s >= 0) *id = g_ctx[s].id;
+    CUresult none = ctx ? CUDA_ERROR_INVALID_CONTEXT : no_current_error();
     unlock();
-    return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    return s >= 0 ? CUDA_SUCCESS : none;
 }
 
 /* A pre-12.0 driver has no cuCtxGetId at all. With FAKECUDA_NO_CTXGETID=1 the
@@ -698,7 +711,7 @@ static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned int flag
     g_cnt.open_calls++;
     int s = current_slot();
     if (is_deinit()) return unlock_ret(CUDA_ERROR_DEINITIALIZED);
-    if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    if (s < 0) return unlock_ret(no_current_error());
     if (!pdptr || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS ||
         !parse_handle(&h, &pid, &serial, &bytes))
         return unlock_ret(CUDA_ERROR_INVALID_VALUE);
@@ -724,7 +737,7 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     int s = current_slot();
     if (is_deinit()) return unlock_ret(CUDA_ERROR_DEINITIALIZED);
     if (capture_forbids_unsafe_calls()) return unlock_ret(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    if (s < 0) return unlock_ret(no_current_error());
     long i = map_find(s, dptr, 1);
     if (i < 0) return unlock_ret(CUDA_ERROR_INVALID_VALUE); /* incl. double close */
     if (--g_maps[i].refs == 0) {
@@ -878,6 +891,11 @@ CUresult fakecuda_ipc_open_direct(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned
 }
 
 CUresult fakecuda_ipc_close_direct(CUdeviceptr dptr) { return cuIpcCloseMemHandle(dptr); }
+
+/* Bound inside the stand-in (-Bsymbolic-functions): no interposer sees these. */
+CUresult fakecuda_ctx_destroy_direct(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+CUresult fakecuda_primary_reset_direct(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 void fakecuda_deinit(void) { __atomic_store_n(&g_deinit, 1, __ATOMIC_RELEASE); }
 

@@ -60,6 +60,12 @@ CUresult fakecuda_ipc_open_direct(CUdeviceptr *pdptr, CUipcMemHandle h,
                                   unsigned int flags);
 CUresult fakecuda_ipc_close_direct(CUdeviceptr dptr);
 
+/* Context teardown no interposer sees: what cudaDeviceReset in a static
+ * cudart bound to the driver directly, or a layer ahead of ipccache that
+ * calls the driver itself, does. */
+CUresult fakecuda_ctx_destroy_direct(CUcontext ctx);
+CUresult fakecuda_primary_reset_direct(CUdevice dev);
+
 /* Calls fn(arg) once, at the start of the next cuCtxPushCurrent{,_v2} (any
  * thread), with no lock held: a test's way to change the world at exactly
  * that moment, e.g. destroy a context and create one at its address. */
