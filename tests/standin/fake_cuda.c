@@ -143,13 +143,15 @@ static CUresult unlock_ret(CUresult rc) { unlock(); return rc; }
 static CUcontext handle_of(int slot) { return (CUcontext)(void *)&g_ctx[slot]; }
 
 /* Pool slot of a live context, or -1.  Works on any pointer value, so a
- * stale or garbage handle yields an error instead of a crash. */
+ * stale or garbage handle yields an error instead of a crash. A slot's used
+ * and id are written atomically (under the lock): current_id reads them
+ * without it. */
 static int slot_of(CUcontext c)
 {
     uintptr_t p = (uintptr_t)c, base = (uintptr_t)g_ctx;
     if (p < base || p >= base + sizeof g_ctx || (p - base) % sizeof g_ctx[0]) return -1;
     int s = (int)((p - base) / sizeof g_ctx[0]);
-    return g_ctx[s].used ? s : -1;
+    return __atomic_load_n(&g_ctx[s].used, __ATOMIC_ACQUIRE) ? s : -1;
 }
 
 /* The calling thread's current context, -1 if none or destroyed since. */
@@ -174,7 +176,11 @@ static int ctx_alloc(CUdevice dev, unsigned int flags, int primary)
 {
     for (int s = 0; s < MAX_CTX; s++) {
         if (!g_ctx[s].used) {
-            g_ctx[s] = (struct fctx){1, primary, dev, flags, g_next_ctx_id++};
+            g_ctx[s].primary = primary;
+            g_ctx[s].dev = dev;
+            g_ctx[s].flags = flags;
+            __atomic_store_n(&g_ctx[s].id, g_next_ctx_id++, __ATOMIC_RELAXED);
+            __atomic_store_n(&g_ctx[s].used, 1, __ATOMIC_RELEASE);
             return s;
         }
     }
@@ -211,7 +217,7 @@ static void ctx_destroy(int s)
     for (int i = 0; i < t_depth; i++)
         if (t_stack[i].h != handle_of(s)) t_stack[kept++] = t_stack[i];
     t_depth = kept;
-    g_ctx[s].used = 0;
+    __atomic_store_n(&g_ctx[s].used, 0, __ATOMIC_RELEASE);
 }
 
 /* ---- initialization, devices, errors ---- */
@@ -401,20 +407,31 @@ CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
 
 CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 
+/* The current context's id, as documented for a NULL context, without the
+ * lock: like cuCtxGetCurrent a thread-local read (the library asks it on
+ * every open and close). Ids are unique for the life of the process, so a
+ * context born at a dead one's address has another. */
+static CUresult current_id(unsigned long long *id)
+{
+    const struct tls_entry *e = t_depth ? &t_stack[t_depth - 1] : NULL;
+    int s = e ? slot_of(e->h) : -1;
+    if (s < 0 || __atomic_load_n(&g_ctx[s].id, __ATOMIC_RELAXED) != e->id)
+        return no_current_error();
+    *id = e->id;
+    return CUDA_SUCCESS;
+}
+
+/* A dead pointer: INVALID_CONTEXT (tests/gpu/ctx_ids.c asks the real driver). */
 static CUresult ctx_get_id(CUcontext ctx, unsigned long long *id)
 {
     CHECK_DEINIT();
     if (!id) return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx) return current_id(id);
     lock();
-    /* NULL: the current context's id, as documented (ids are unique for the
-     * life of the process, so a context born at a dead one's address has
-     * another). A dead pointer: INVALID_CONTEXT (tests/gpu/ctx_ids.c asks
-     * the real driver). */
-    int s = ctx ? slot_of(ctx) : current_slot();
+    int s = slot_of(ctx);
     if (s >= 0) *id = g_ctx[s].id;
-    CUresult none = ctx ? CUDA_ERROR_INVALID_CONTEXT : no_current_error();
     unlock();
-    return s >= 0 ? CUDA_SUCCESS : none;
+    return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 /* A pre-12.0 driver has no cuCtxGetId at all. With FAKECUDA_NO_CTXGETID=1 the
