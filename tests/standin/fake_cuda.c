@@ -884,6 +884,12 @@ void fakecuda_make_foreign_export(CUipcMemHandle *out, uint64_t alloc_serial, ui
     make_handle(out, (uint64_t)getpid() + 1, alloc_serial, bytes, nonce);
 }
 
+void fakecuda_make_export_by(CUipcMemHandle *out, uint64_t exporter_pid, uint64_t alloc_serial,
+                             uint64_t bytes, uint64_t nonce)
+{
+    make_handle(out, exporter_pid, alloc_serial, bytes, nonce);
+}
+
 int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr)
 {
     lock();

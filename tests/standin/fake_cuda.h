@@ -46,6 +46,11 @@ void fakecuda_make_foreign_handle(CUipcMemHandle *out, uint64_t alloc_serial,
 void fakecuda_make_foreign_export(CUipcMemHandle *out, uint64_t alloc_serial,
                                   uint64_t bytes, uint64_t nonce);
 
+/* The same as exported by process exporter_pid (any number but this
+ * process's): a test's several exporters. */
+void fakecuda_make_export_by(CUipcMemHandle *out, uint64_t exporter_pid, uint64_t alloc_serial,
+                             uint64_t bytes, uint64_t nonce);
+
 /* Driver-side refcount of the mapping at base dptr in ctx (NULL: the
  * calling thread's current context); 0 if there is none. */
 int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr);
