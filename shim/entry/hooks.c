@@ -126,7 +126,6 @@ static CUresult destroy_context(int slot, CUcontext ctx)
     /* Only a process that cached something needs to look. */
     int known = ctx && ipcc_table() && ipcc_context_id(ctx, &id) == 0;
     CUresult rc = real(ctx);
-    ipcc_contexts_changing();
     if (rc == CUDA_SUCCESS && known)
         ipcc_forget_context(id);
     return rc;
@@ -150,7 +149,6 @@ static CUresult primary_teardown(int slot, CUdevice dev)
     if (!real)
         return NO_DRIVER;
     CUresult rc = real(dev);
-    ipcc_contexts_changing();
     if (rc == CUDA_SUCCESS && ipcc_table())
         ipcc_sweep_dead_contexts();
     return rc;

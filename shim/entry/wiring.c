@@ -19,7 +19,6 @@ static const struct ipcc_life_hooks life = {
         ipcc_ghost_fork_child,
         ipcc_vmm_fork_child,
         ipcc_vmm_identity_fork_child,
-        ipcc_contexts_changing,
     },
 };
 

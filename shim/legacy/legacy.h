@@ -104,7 +104,6 @@ IPCC_HIDDEN int ipcc_open(int slot, uint64_t *pdptr, const void *handle, unsigne
 IPCC_HIDDEN int ipcc_close(uint64_t dptr);
 IPCC_HIDDEN int ipcc_context_id(void *ctx, uint64_t *id);
 IPCC_HIDDEN void ipcc_forget_context(uint64_t ctx_id);
-IPCC_HIDDEN void ipcc_contexts_changing(void);
 IPCC_HIDDEN void ipcc_sweep_dead_contexts(void);
 
 /* ---- legacy_close.c: really closing legacy mappings given up ---------- */

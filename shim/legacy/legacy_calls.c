@@ -31,50 +31,39 @@ typedef CUresult (*close_fn)(CUdeviceptr);
 /* ---- contexts ----------------------------------------------------------- */
 
 /*
- * Each thread remembers the id of the context it last used. The memory is
- * valid while no context has been torn down since: every teardown entry
- * point bumps the generation (hooks.c), which forgets all of them at once.
- * This saves a driver call on every hit.
+ * The key's context is asked of the driver on every call: cuCtxGetId(NULL)
+ * answers the id of the calling thread's current context, one call as cheap
+ * as cuCtxGetCurrent. Ids are unique for the life of the process, so however
+ * a context was torn down (a call that never passed through us included)
+ * and whatever context took its address, a key names only mappings made in
+ * the current context. Nothing about contexts is remembered between calls.
  */
-static _Atomic uint64_t context_generation = 1;
-
-static __thread struct {
-    void *ctx;
-    uint64_t id;
-    uint64_t generation;
-} last_context __attribute__((tls_model("initial-exec")));
-
-void ipcc_contexts_changing(void)
-{
-    atomic_fetch_add_explicit(&context_generation, 1, memory_order_release);
-}
-
-/* The calling thread's current context; -1 if there is none (the driver
- * then answers the call itself, with its own error). */
-static int current_context(void **ctx, uint64_t *id)
+static int current_context_id(uint64_t *id)
 {
     /* The driver's function, once found: it never changes (driver.c pins it). */
-    static int (*_Atomic get_current)(void **);
-    int (*get)(void **) = atomic_load_explicit(&get_current, memory_order_relaxed);
+    static int (*_Atomic get_id)(void *, unsigned long long *);
+    int (*get)(void *, unsigned long long *) = atomic_load_explicit(&get_id, memory_order_relaxed);
     if (__builtin_expect(!get, 0)) {
-        get = ipcc_driver()->ctx_get_current;
+        get = ipcc_driver()->ctx_get_id;
         if (!get)
-            return -1;
-        atomic_store_explicit(&get_current, get, memory_order_relaxed);
+            return ipcc_context_id(NULL, id); /* says once that nothing is cached */
+        atomic_store_explicit(&get_id, get, memory_order_relaxed);
     }
-    if (get(ctx) != CUDA_SUCCESS || !*ctx)
-        return -1;
-    uint64_t generation = atomic_load_explicit(&context_generation, memory_order_acquire);
-    if (*ctx == last_context.ctx && generation == last_context.generation) {
-        *id = last_context.id;
-        return 0;
-    }
-    if (ipcc_context_id(*ctx, id) < 0)
-        return -1;
-    last_context.ctx = *ctx;
-    last_context.id = *id;
-    last_context.generation = generation;
+    unsigned long long v;
+    if (get(NULL, &v) != CUDA_SUCCESS)
+        return -1; /* none, or destroyed: the driver answers the call itself */
+    *id = v;
     return 0;
+}
+
+/* The current context itself, for a miss's entry (its closes push it). */
+static void *current_context(void)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    void *ctx = NULL;
+    if (!d->ctx_get_current || d->ctx_get_current(&ctx) != CUDA_SUCCESS)
+        return NULL;
+    return ctx;
 }
 
 /* ---- pass-through ------------------------------------------------------- */
@@ -132,6 +121,8 @@ static uint64_t mapping_bytes(uint64_t dptr)
 static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
                           CUdeviceptr *pdptr, CUipcMemHandle h, unsigned flags)
 {
+    if (!ctx)
+        return passthrough_open(real, pdptr, h, flags);
     IPCC_COUNT(misses);
     uint64_t t0 = ipcc_now_ns();
     CUresult rc = real(pdptr, h, flags);
@@ -268,9 +259,8 @@ int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned 
     const CUipcMemHandle *h = handle_bytes;
     ipcc_lifecycle_start();
 
-    void *ctx;
     uint64_t ctx_id;
-    if (ipcc_config.disabled || !pdptr || current_context(&ctx, &ctx_id) < 0)
+    if (ipcc_config.disabled || !pdptr || current_context_id(&ctx_id) < 0)
         return open_uncached(slot, pdptr, h, flags);
 
     uint64_t dptr;
@@ -283,7 +273,7 @@ int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned 
     struct ipcc_key key;
     ipcc_key_init(&key, ctx_id, h->reserved, flags);
     open_fn real = real_open(slot);
-    return real ? open_miss(real, &key, ctx, pdptr, *h, flags) : NO_DRIVER;
+    return real ? open_miss(real, &key, current_context(), pdptr, *h, flags) : NO_DRIVER;
 }
 
 /* ---- close -------------------------------------------------------------- */
@@ -306,10 +296,11 @@ static void wait_until_closed(uint64_t ctx_id, uint64_t dptr)
 int ipcc_close(uint64_t dptr)
 {
     ipcc_lifecycle_start();
-    void *ctx;
     uint64_t ctx_id;
-    /* A current context means a driver, hence a real close to call. */
-    int cached = !ipcc_config.disabled && current_context(&ctx, &ctx_id) == 0;
+    /* A current context means a driver, hence a real close to call. A close
+     * in a context whose id the table never saw (the one that opened was
+     * torn down past us) finds nothing here: the driver answers it. */
+    int cached = !ipcc_config.disabled && current_context_id(&ctx_id) == 0;
     /* The budget had room for it idle when it was lent: nothing to evict. */
     if (cached && ipcc_cache_close_lent(ctx_id, dptr, coarse_now_ns())) {
         IPCC_COUNT(close_cached);
@@ -321,7 +312,7 @@ int ipcc_close(uint64_t dptr)
     if (!cached)
         return passthrough_close(real, (CUdeviceptr)dptr);
 
-    const struct ipcc_victim self = { ctx, ctx_id, dptr, 0 };
+    const struct ipcc_victim self = { NULL, ctx_id, dptr, 0 }; /* listed, never closed as a victim */
     ipcc_lock();
     enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr, ipcc_now_ns());
     int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_closing_has(ctx_id, dptr);

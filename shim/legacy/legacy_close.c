@@ -119,11 +119,13 @@ enum close_outcome { CLOSED, FAILED, CONTEXT_GONE };
 
 /* Whether the current context is still the victim's: a context destroyed
  * since the victim was taken may have a successor at its address, whose
- * mappings are not ours to close (the driver unmapped ours with the old). */
+ * mappings are not ours to close (the driver unmapped ours with the old).
+ * Asked of the current context (NULL), the one the close would act in, so
+ * the answer never rests on what the driver says of a dead pointer. */
 static int victim_context_current(const struct ipcc_victim *v)
 {
     uint64_t id;
-    return ipcc_context_id(v->ctx, &id) == 0 && id == v->ctx_id;
+    return ipcc_context_id(NULL, &id) == 0 && id == v->ctx_id;
 }
 
 static enum close_outcome close_current(close_fn real, const struct ipcc_victim *v)
@@ -150,8 +152,9 @@ static enum close_outcome close_in_context(close_fn real, const struct ipcc_vict
     if (!d->ctx_push || !d->ctx_pop)
         return FAILED;
     int rc = d->ctx_push(v->ctx);
-    if (rc != CUDA_SUCCESS) /* a dead context is invalid until one reuses its address */
-        return rc == CUDA_ERROR_INVALID_CONTEXT ? CONTEXT_GONE : FAILED;
+    if (rc != CUDA_SUCCESS) /* a dead context is refused until one reuses its address */
+        return rc == CUDA_ERROR_INVALID_CONTEXT || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED
+                   ? CONTEXT_GONE : FAILED;
     enum close_outcome out = close_current(real, v);
     void *popped;
     d->ctx_pop(&popped);

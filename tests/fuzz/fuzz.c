@@ -4,7 +4,8 @@
  * A seed generates a random CUDA program in miniature: 1-8 threads, each with
  * its own devices, contexts and IPC handles, doing opens (aliased handles,
  * bad flags, NULL pointer, zero or garbage handle), closes (proper, in the
- * wrong context, double, unknown pointer), reopens, context create, destroy,
+ * wrong context, double, unknown pointer), reopens, context create, destroy
+ * (some past the library: the stand-in's own export),
  * push, pop, primary retain, release and reset, fork (the child runs a short
  * sub-sequence and exits), the stats signal to itself, resolver lookups, and
  * the VMM path's calls (tests/fuzz/fuzz_vmm.c: imports, reserve, map, access,
@@ -88,9 +89,13 @@ static struct {
     CUresult (*primary_reset)(CUdevice);
     CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
     CUresult (*ipc_close)(CUdeviceptr);
-    void (*make_foreign)(CUipcMemHandle *, uint64_t, uint64_t);
+    void (*make_export_by)(CUipcMemHandle *, uint64_t, uint64_t, uint64_t, uint64_t);
     size_t (*list_mappings)(struct fakecuda_mapping *, size_t);
     unsigned long long (*ctx_serial)(CUcontext);
+    /* teardowns no interposer sees (a layer bound to the driver, a static cudart) */
+    CUresult (*ctx_destroy_unseen)(CUcontext);
+    CUresult (*primary_reset_unseen)(CUdevice);
+    int (*refcount)(CUcontext, CUdeviceptr);
 } drv;
 
 void die(const char *fmt, ...)
@@ -144,9 +149,12 @@ static void load_driver(void)
     drv.primary_reset = lookup("cuDevicePrimaryCtxReset", 7000, 11000, "cuDevicePrimaryCtxReset_v2");
     drv.ipc_open = lookup("cuIpcOpenMemHandle", 4010, 11000, "cuIpcOpenMemHandle_v2");
     drv.ipc_close = lookup("cuIpcCloseMemHandle", 4010, 4010, NULL);
-    drv.make_foreign = must(dlsym(drv.lib, "fakecuda_make_foreign_handle"), "fake hooks");
+    drv.make_export_by = driver_symbol("fakecuda_make_export_by");
     drv.list_mappings = must(dlsym(drv.lib, "fakecuda_list_mappings"), "fakecuda_list_mappings");
     drv.ctx_serial = must(dlsym(drv.lib, "fakecuda_ctx_serial"), "fakecuda_ctx_serial");
+    drv.ctx_destroy_unseen = driver_symbol("fakecuda_ctx_destroy_direct");
+    drv.primary_reset_unseen = driver_symbol("fakecuda_primary_reset_direct");
+    drv.refcount = driver_symbol("fakecuda_refcount");
     vmm_load();
     if (drv.init(0) != CUDA_SUCCESS)
         die("cuInit failed");
@@ -257,23 +265,20 @@ static CUdevice device_of(const struct thread *t, uint64_t r)
 }
 
 /* Handles: two exporters, a few allocations; some are aliases (one
- * allocation under other bytes: another size field, or other bytes past the
- * stand-in's 32-byte identity). IPCC_FUZZ_NO_ALIASES=1 makes every handle
- * its own allocation, to look past a known aliasing bug. */
+ * allocation under other bytes: another size field, or another export's
+ * nonce). IPCC_FUZZ_NO_ALIASES=1 makes every handle its own allocation, to
+ * look past a known aliasing bug. The stand-in refuses a handle whose check
+ * words do not match, so each is made by it (fake_cuda.c has the layout). */
 static void make_handles(struct thread *t, uint64_t *s)
 {
     static const uint64_t sizes[] = { 1 << 20, 2 << 20, 64 << 20 };
     const char *no_aliases = getenv("IPCC_FUZZ_NO_ALIASES");
     int aliases = !no_aliases || strcmp(no_aliases, "1") != 0;
     for (int k = 0; k < NHANDLES; k++) {
-        CUipcMemHandle *h = &t->handles[k];
         uint64_t serial = 1 + pick(s, 3), size = sizes[pick(s, 3)];
-        drv.make_foreign(h, aliases ? serial : (uint64_t)k + 1, size);
         uint64_t exporter = EXPORTER_BASE + 2 * (uint64_t)t->id + pick(s, 2);
-        memcpy(h->reserved + 8, &exporter, 8);
-        if (pick(s, 4) == 0 && aliases)
-            for (int i = 32; i < CU_IPC_HANDLE_SIZE; i++)
-                h->reserved[i] = (char)pick(s, 256);
+        uint64_t nonce = pick(s, 4) == 0 && aliases ? 1 + pick(s, 1000) : 0;
+        drv.make_export_by(&t->handles[k], exporter, aliases ? serial : (uint64_t)k + 1, size, nonce);
     }
 }
 
@@ -361,6 +366,8 @@ static void do_open(struct thread *t, uint64_t r)
             if (t->held[i].ctx == c && t->held[i].p == p)
                 same = t->held[i].handle;
         log_line(t, same < 0 ? " new" : " same-as-h%d", same);
+        /* whatever tore a context down, what an open returns is mapped here */
+        log_line(t, drv.refcount(NULL, p) > 0 ? " mapped" : " NOT-mapped-here");
         if (t->nheld < MAX_HELD)
             t->held[t->nheld++] = (struct held){ c, p, k };
         add_seen(t, c, p);
@@ -460,6 +467,12 @@ static void do_reopen(struct thread *t, uint64_t r)
     drv.ctx_pop(&popped);
 }
 
+/* One teardown in four goes past the library. */
+static int unseen(uint64_t r)
+{
+    return ((r >> 20) & 3) == 0;
+}
+
 static void do_ctx_op(struct thread *t, enum op_kind kind, uint64_t r)
 {
     CUcontext h = NULL;
@@ -476,9 +489,11 @@ static void do_ctx_op(struct thread *t, enum op_kind kind, uint64_t r)
     case OP_CTX_DESTROY:
         if (c < 0)
             return (void)log_line(t, "ctx-destroy: no context\n");
-        rc = drv.ctx_destroy(t->ctx[c].h);
+        rc = (unseen(r) ? drv.ctx_destroy_unseen : drv.ctx_destroy)(t->ctx[c].h);
         refresh_alive(t);
-        log_line(t, "ctx-destroy c%d -> %d\n", c, (int)rc);
+        log_line(t, "ctx-destroy c%d%s -> %d\n", c, unseen(r) ? " unseen" : "", (int)rc);
+        if (unseen(r) && t->nctx < MAX_CTX) /* and goes on in a new one, often at its address */
+            do_ctx_op(t, OP_CTX_CREATE, r);
         break;
     case OP_PUSH:
         if (c < 0)
@@ -504,9 +519,18 @@ static void do_primary(struct thread *t, enum op_kind kind, uint64_t r)
               rc == CUDA_SUCCESS ? remember_ctx(t, h) : -1);
         return;
     }
-    rc = kind == OP_PRIMARY_RELEASE ? drv.primary_release(dev) : drv.primary_reset(dev);
+    int past = kind == OP_PRIMARY_RESET && unseen(r);
+    rc = kind == OP_PRIMARY_RELEASE ? drv.primary_release(dev)
+         : (past ? drv.primary_reset_unseen : drv.primary_reset)(dev);
     refresh_alive(t);
-    log_line(t, "%s d%d -> %d\n", op_names[kind], (int)(r % 2), (int)rc);
+    log_line(t, "%s d%d%s -> %d\n", op_names[kind], (int)(r % 2), past ? " unseen" : "", (int)rc);
+    if (past) { /* a runtime's reset, then its next call: the primary again, current */
+        rc = drv.primary_retain(&h, dev);
+        int c = rc == CUDA_SUCCESS ? remember_ctx(t, h) : -1;
+        CUresult pushed = rc == CUDA_SUCCESS ? drv.ctx_push(h) : rc;
+        log_line(t, "primary-retain d%d -> %d as c%d, push -> %d now c%d\n", (int)(r % 2), (int)rc, c,
+                 (int)pushed, current_ctx(t));
+    }
 }
 
 static void on_signal(int sig)
@@ -556,10 +580,11 @@ static void become_child(struct thread *t)
     t->log = NULL, t->len = t->cap = 0;
     t->nctx = t->nheld = t->nseen = 0;
     for (int k = 0; k < NHANDLES; k++) {
-        uint64_t exporter;
-        memcpy(&exporter, t->handles[k].reserved + 8, 8);
-        exporter += 2 * MAX_THREADS;
-        memcpy(t->handles[k].reserved + 8, &exporter, 8);
+        uint64_t exporter, bytes, nonce, serial;
+        const char *b = t->handles[k].reserved;
+        memcpy(&exporter, b + 8, 8), memcpy(&bytes, b + 16, 8);
+        memcpy(&nonce, b + 24, 8), memcpy(&serial, b + 32, 8);
+        drv.make_export_by(&t->handles[k], exporter + 2 * MAX_THREADS, serial, bytes, nonce);
     }
     vmm_child(&t->vmm);
 }

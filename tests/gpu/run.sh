@@ -2,8 +2,8 @@
 # tests/gpu/run.sh - real-CUDA checks of ipccache (`make test-gpu`).
 #
 # Needs an NVIDIA GPU; without one it says so and exits 0.  Builds
-# tests/gpu/ipc_pair.cu with nvcc (cudart static and shared) and the VMM
-# programs (vmm_errors.cu, vmm_rebuild.c, vmm_ghost.c) into build/gpu/, runs every program
+# tests/gpu/ipc_pair.cu with nvcc (cudart static and shared), ctx_teardown.cu,
+# ctx_ids.c and the VMM programs (vmm_errors.cu, vmm_rebuild.c, vmm_ghost.c) into build/gpu/, runs every program
 # once without and once with the shim, and compares.  PyTorch runs twice:
 # legacy IPC, and expandable segments (the VMM path).
 #
@@ -94,7 +94,7 @@ build() {
         ok=1
     fi
     local prog src
-    for src in ctx_teardown.cu vmm_errors.cu vmm_rebuild.c vmm_ghost.c; do
+    for src in ctx_teardown.cu ctx_ids.c vmm_errors.cu vmm_rebuild.c vmm_ghost.c; do
         prog=${src%.*}
         # shellcheck disable=SC2086  # $arch is several words on purpose
         if "$NVCC" -O2 $arch -o "$BUILD_DIR/$prog" "$HERE/$src" \
@@ -202,6 +202,17 @@ teardown_suite() {
     # primary_first miss, primary_again hit, then three new contexts: three misses.
     check teardown_shim_stats python3 "$HERE/stats_check.py" "$(stats_of "$sdir" "${ip:-none}")" \
         "real_opens==4" "hits==1" "invalidations>=2" "errors==0"
+}
+
+# What the driver answers about dead contexts (ctx_ids.c), without the shim:
+# the facts the context ids rest on must hold; the rest is printed, for the
+# stand-in to mimic (tests/standin/fake_cuda.c).
+ctx_ids_suite() {
+    local out=$OUT_DIR/ctx_ids.txt rc=0
+    run_plain "$out" "$BUILD_DIR/ctx_ids" || rc=$?
+    tr '\n' ' ' <"$out" | fold -s -w 110 | sed 's/^/    /'
+    echo
+    check ctx_ids_facts test "$(value facts_ok "$out")" = 1 -a "$rc" = 0
 }
 
 # stat_value KEY FILE: KEY's value in the last stats line of FILE; -1 when absent.
@@ -409,6 +420,7 @@ main() {
         echo "SKIP cross-device ipc_pair (one GPU)"
     fi
     teardown_suite
+    ctx_ids_suite
     vmm_errors_suite
     vmm_rebuild_suite vmm_rebuild 0
     if [ "$NGPU" -ge 2 ]; then

@@ -825,6 +825,92 @@ static int scenario_mixed(int argc, char **argv)
     return 0;
 }
 
+/* ---- a context torn down where no interposer sees it --------------------- */
+
+static struct {
+    CUresult (*destroy_direct)(CUcontext);
+    CUresult (*reset_direct)(CUdevice);
+    CUcontext doomed;
+    CUdevice dev;
+} unseen;
+
+/* The teardown a static cudart bound to the driver itself makes
+ * (cudaDeviceReset), or a layer ahead of the preload calling the driver. */
+static void tear_down_unseen(int primary)
+{
+    CHECK(primary ? unseen.reset_direct(unseen.dev) : unseen.destroy_direct(unseen.doomed));
+}
+
+/* Another thread tears this thread's context down and creates one at its
+ * address (current there, not here). */
+static void *tear_down_elsewhere(void *arg)
+{
+    CUcontext *born = arg;
+    tear_down_unseen(0);
+    CHECK(drv.ctx_create(born, 0, unseen.dev));
+    return NULL;
+}
+
+/* A context of the kind asked for, current: a created one, or device 0's
+ * primary (as cudart's first call and its first call after a reset). */
+static CUcontext current_context_of(int primary)
+{
+    CUcontext c;
+    if (primary)
+        return use_primary_context();
+    CHECK(drv.ctx_create(&c, 0, unseen.dev));
+    return c;
+}
+
+/* Opens A (then closes it: idle) and B (held) in a context, tears it down
+ * past the preload, then, in a context at the same address, opens A and B
+ * again and closes the held pointer of B: every code, whether each open
+ * mapped for real and whether the pointer is mapped in the new context must
+ * be as without the preload. "elsewhere": another thread does it while
+ * this thread keeps the dead context current. */
+static int scenario_unseen_teardown(int argc, char **argv)
+{
+    const char *how = argc > 2 ? argv[2] : "destroy";
+    int primary = strcmp(how, "reset") == 0, elsewhere = strcmp(how, "elsewhere") == 0;
+    load_driver();
+    CHECK(drv.device_get(&unseen.dev, 0));
+    unseen.destroy_direct = fake_hook("fakecuda_ctx_destroy_direct");
+    unseen.reset_direct = fake_hook("fakecuda_primary_reset_direct");
+    CUipcMemHandle a = foreign_handle(1), b = foreign_handle(2);
+    unseen.doomed = current_context_of(primary);
+    CUdeviceptr pa = 0, pb = 0, qa = 0, qb = 0;
+    CHECK(drv.ipc_open(&pa, a, LAZY));
+    CHECK(drv.ipc_close(pa));
+    CHECK(drv.ipc_open(&pa, a, LAZY)); /* a hit with the preload: the thread's loan */
+    CHECK(drv.ipc_close(pa));
+    CHECK(drv.ipc_open(&pb, b, LAZY));
+
+    CUcontext born = NULL;
+    if (elsewhere) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, tear_down_elsewhere, &born) != 0)
+            die(EXIT_SETUP, "pthread_create failed");
+        pthread_join(t, NULL);
+    } else {
+        tear_down_unseen(primary);
+        born = current_context_of(primary);
+    }
+    put("same_address", born == unseen.doomed);
+    uint64_t maps = counters().maps;
+    put("open_a", drv.ipc_open(&qa, a, LAZY));
+    put("open_a_mapped", (long long)(counters().maps - maps));
+    put("a_valid_here", drv.refcount(NULL, qa));
+    put("close_old_b", drv.ipc_close(pb));
+    maps = counters().maps;
+    put("open_b", drv.ipc_open(&qb, b, LAZY));
+    put("open_b_mapped", (long long)(counters().maps - maps));
+    put("b_valid_here", drv.refcount(NULL, qb));
+    put("close_a", drv.ipc_close(qa));
+    put("close_b", drv.ipc_close(qb));
+    put("close_a_again", drv.ipc_close(qa));
+    return 0;
+}
+
 /* ---- threads ------------------------------------------------------------- */
 
 #define THREAD_HANDLES 4
@@ -1306,6 +1392,7 @@ static const struct {
     { "errors", scenario_errors, "" },
     { "mixed", scenario_mixed, "" },
     { "threads", scenario_threads, "[N=8]" },
+    { "unseen_teardown", scenario_unseen_teardown, "[destroy|reset|elsewhere]" },
     { "fork", scenario_fork, "[unguarded]" },
     { "fork_hitting", scenario_fork_hitting, "" },
     { "fork_at_start", scenario_fork_at_start, "" },

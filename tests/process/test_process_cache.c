@@ -147,6 +147,23 @@ static void run_mixed(struct proc *p, const char *preload, const char *name, cha
     expect_quiet_success(p);
 }
 
+/* Every key=value line (but the pid) the same with the preload as without;
+ * returns how many were compared. */
+static int expect_same_lines(const struct proc *with, const struct proc *without)
+{
+    int compared = 0;
+    for (const char *line = without->out; *line; line = strchr(line, '\n') + 1) {
+        char key[64];
+        if (sscanf(line, "%63[^=]=", key) == 1 && strcmp(key, "pid") != 0) {
+            cr_expect(eq(llong, kv(with, key), kv(without, key)), "%s", key);
+            compared++;
+        }
+        if (!strchr(line, '\n'))
+            break;
+    }
+    return compared;
+}
+
 Test(process, mixed_paths_match_the_driver_alone, .timeout = 20)
 {
     /* Opens through the cache and past it, two exports of one allocation: every code, every pointer and what is mapped at exit as without the preload. */
@@ -154,21 +171,32 @@ Test(process, mixed_paths_match_the_driver_alone, .timeout = 20)
     char cw[PATH_MAX], cwo[PATH_MAX], lw[512], lwo[512];
     run_mixed(&with, NULL, "with", cw, sizeof(cw));
     run_mixed(&without, "LD_PRELOAD=", "without", cwo, sizeof(cwo));
-    int compared = 0;
-    for (const char *line = without.out; *line; line = strchr(line, '\n') + 1) {
-        char key[64];
-        if (sscanf(line, "%63[^=]=", key) == 1 && strcmp(key, "pid") != 0) {
-            cr_expect(eq(llong, kv(&with, key), kv(&without, key)), "%s", key);
-            compared++;
-        }
-        if (!strchr(line, '\n'))
-            break;
-    }
-    cr_assert_geq(compared, 17);
+    cr_assert_geq(expect_same_lines(&with, &without), 17);
     cr_assert_geq(read_file(cw, lw, sizeof(lw)), 0, "no %s", cw);
     cr_assert_geq(read_file(cwo, lwo, sizeof(lwo)), 0, "no %s", cwo);
     cr_assert_not_null(strstr(lwo, " live=1"), "without: %s", lwo);
     cr_assert_not_null(strstr(lw, " live=1"), "with: %s (without: %s)", lw, lwo);
+}
+
+Test(process, unseen_teardown_maps_in_the_new_context, .timeout = 20)
+{
+    /* A context torn down past the library (destroyed, a primary reset, or destroyed by another
+     * thread), a new one at its address: the next open of a handle it had cached is a real map
+     * valid in the new context, and every code is the driver's, as without the preload. */
+    static const char *const how[] = { "destroy", "reset", "elsewhere" };
+    for (size_t i = 0; i < sizeof(how) / sizeof(how[0]); i++) {
+        static struct proc with, without;
+        probe(&with, NO_ENV, "unseen_teardown", how[i]);
+        probe(&without, ENV("LD_PRELOAD="), "unseen_teardown", how[i]);
+        expect_quiet_success(&with);
+        expect_quiet_success(&without);
+        cr_expect(eq(int, expect_same_lines(&with, &without), 11), "%s", how[i]);
+        expect_kv(&with, "same_address", 1);
+        if (strcmp(how[i], "elsewhere") != 0) {
+            expect_kv(&with, "open_a_mapped", 1);
+            expect_kv(&with, "a_valid_here", 1);
+        }
+    }
 }
 
 Test(process, fork_child_starts_with_an_empty_table, .timeout = 20)

@@ -143,13 +143,15 @@ static CUresult unlock_ret(CUresult rc) { unlock(); return rc; }
 static CUcontext handle_of(int slot) { return (CUcontext)(void *)&g_ctx[slot]; }
 
 /* Pool slot of a live context, or -1.  Works on any pointer value, so a
- * stale or garbage handle yields an error instead of a crash. */
+ * stale or garbage handle yields an error instead of a crash. A slot's used
+ * and id are written atomically (under the lock): current_id reads them
+ * without it. */
 static int slot_of(CUcontext c)
 {
     uintptr_t p = (uintptr_t)c, base = (uintptr_t)g_ctx;
     if (p < base || p >= base + sizeof g_ctx || (p - base) % sizeof g_ctx[0]) return -1;
     int s = (int)((p - base) / sizeof g_ctx[0]);
-    return g_ctx[s].used ? s : -1;
+    return __atomic_load_n(&g_ctx[s].used, __ATOMIC_ACQUIRE) ? s : -1;
 }
 
 /* The calling thread's current context, -1 if none or destroyed since. */
@@ -161,12 +163,24 @@ static int current_slot(void)
     return s >= 0 && g_ctx[s].id == e->id ? s : -1;
 }
 
+/* Why there is no current context: the driver tells a current context
+ * destroyed (by another thread; or at its address a new one since, which
+ * this thread never made current) from none at all. */
+static CUresult no_current_error(void)
+{
+    return t_depth ? CUDA_ERROR_CONTEXT_IS_DESTROYED : CUDA_ERROR_INVALID_CONTEXT;
+}
+
 /* Lowest free slot, so a destroy + create hands out the same address. */
 static int ctx_alloc(CUdevice dev, unsigned int flags, int primary)
 {
     for (int s = 0; s < MAX_CTX; s++) {
         if (!g_ctx[s].used) {
-            g_ctx[s] = (struct fctx){1, primary, dev, flags, g_next_ctx_id++};
+            g_ctx[s].primary = primary;
+            g_ctx[s].dev = dev;
+            g_ctx[s].flags = flags;
+            __atomic_store_n(&g_ctx[s].id, g_next_ctx_id++, __ATOMIC_RELAXED);
+            __atomic_store_n(&g_ctx[s].used, 1, __ATOMIC_RELEASE);
             return s;
         }
     }
@@ -203,7 +217,7 @@ static void ctx_destroy(int s)
     for (int i = 0; i < t_depth; i++)
         if (t_stack[i].h != handle_of(s)) t_stack[kept++] = t_stack[i];
     t_depth = kept;
-    g_ctx[s].used = 0;
+    __atomic_store_n(&g_ctx[s].used, 0, __ATOMIC_RELEASE);
 }
 
 /* ---- initialization, devices, errors ---- */
@@ -393,12 +407,28 @@ CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
 
 CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 
+/* The current context's id, as documented for a NULL context, without the
+ * lock: like cuCtxGetCurrent a thread-local read (the library asks it on
+ * every open and close). Ids are unique for the life of the process, so a
+ * context born at a dead one's address has another. */
+static CUresult current_id(unsigned long long *id)
+{
+    const struct tls_entry *e = t_depth ? &t_stack[t_depth - 1] : NULL;
+    int s = e ? slot_of(e->h) : -1;
+    if (s < 0 || __atomic_load_n(&g_ctx[s].id, __ATOMIC_RELAXED) != e->id)
+        return no_current_error();
+    *id = e->id;
+    return CUDA_SUCCESS;
+}
+
+/* A dead pointer: INVALID_CONTEXT (tests/gpu/ctx_ids.c asks the real driver). */
 static CUresult ctx_get_id(CUcontext ctx, unsigned long long *id)
 {
     CHECK_DEINIT();
     if (!id) return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx) return current_id(id);
     lock();
-    int s = ctx ? slot_of(ctx) : current_slot();
+    int s = slot_of(ctx);
     if (s >= 0) *id = g_ctx[s].id;
     unlock();
     return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
@@ -698,7 +728,7 @@ static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned int flag
     g_cnt.open_calls++;
     int s = current_slot();
     if (is_deinit()) return unlock_ret(CUDA_ERROR_DEINITIALIZED);
-    if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    if (s < 0) return unlock_ret(no_current_error());
     if (!pdptr || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS ||
         !parse_handle(&h, &pid, &serial, &bytes))
         return unlock_ret(CUDA_ERROR_INVALID_VALUE);
@@ -724,7 +754,7 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     int s = current_slot();
     if (is_deinit()) return unlock_ret(CUDA_ERROR_DEINITIALIZED);
     if (capture_forbids_unsafe_calls()) return unlock_ret(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    if (s < 0) return unlock_ret(no_current_error());
     long i = map_find(s, dptr, 1);
     if (i < 0) return unlock_ret(CUDA_ERROR_INVALID_VALUE); /* incl. double close */
     if (--g_maps[i].refs == 0) {
@@ -854,6 +884,12 @@ void fakecuda_make_foreign_export(CUipcMemHandle *out, uint64_t alloc_serial, ui
     make_handle(out, (uint64_t)getpid() + 1, alloc_serial, bytes, nonce);
 }
 
+void fakecuda_make_export_by(CUipcMemHandle *out, uint64_t exporter_pid, uint64_t alloc_serial,
+                             uint64_t bytes, uint64_t nonce)
+{
+    make_handle(out, exporter_pid, alloc_serial, bytes, nonce);
+}
+
 int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr)
 {
     lock();
@@ -878,6 +914,11 @@ CUresult fakecuda_ipc_open_direct(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned
 }
 
 CUresult fakecuda_ipc_close_direct(CUdeviceptr dptr) { return cuIpcCloseMemHandle(dptr); }
+
+/* Bound inside the stand-in (-Bsymbolic-functions): no interposer sees these. */
+CUresult fakecuda_ctx_destroy_direct(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+CUresult fakecuda_primary_reset_direct(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 void fakecuda_deinit(void) { __atomic_store_n(&g_deinit, 1, __ATOMIC_RELEASE); }
 

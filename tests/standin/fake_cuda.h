@@ -46,6 +46,11 @@ void fakecuda_make_foreign_handle(CUipcMemHandle *out, uint64_t alloc_serial,
 void fakecuda_make_foreign_export(CUipcMemHandle *out, uint64_t alloc_serial,
                                   uint64_t bytes, uint64_t nonce);
 
+/* The same as exported by process exporter_pid (any number but this
+ * process's): a test's several exporters. */
+void fakecuda_make_export_by(CUipcMemHandle *out, uint64_t exporter_pid, uint64_t alloc_serial,
+                             uint64_t bytes, uint64_t nonce);
+
 /* Driver-side refcount of the mapping at base dptr in ctx (NULL: the
  * calling thread's current context); 0 if there is none. */
 int fakecuda_refcount(CUcontext ctx, CUdeviceptr dptr);
@@ -59,6 +64,12 @@ void fakecuda_deinit(void);
 CUresult fakecuda_ipc_open_direct(CUdeviceptr *pdptr, CUipcMemHandle h,
                                   unsigned int flags);
 CUresult fakecuda_ipc_close_direct(CUdeviceptr dptr);
+
+/* Context teardown no interposer sees: what cudaDeviceReset in a static
+ * cudart bound to the driver directly, or a layer ahead of ipccache that
+ * calls the driver itself, does. */
+CUresult fakecuda_ctx_destroy_direct(CUcontext ctx);
+CUresult fakecuda_primary_reset_direct(CUdevice dev);
 
 /* Calls fn(arg) once, at the start of the next cuCtxPushCurrent{,_v2} (any
  * thread), with no lock held: a test's way to change the world at exactly

@@ -55,7 +55,7 @@ def scaling_lines(get, api, rt, threads):
     floor = [(n, f) for n, f in floor if f]
     if floor:
         one = floor[0][1][1]
-        lines.append("The driver's two cuCtxGetCurrent alone (the floor), per pair and aggregate: " +
+        lines.append("The driver's two cuCtxGetId(NULL) alone (the floor), per pair and aggregate: " +
                      ", ".join(f"{n} thread(s) {ns(f[0])} ({f[1] / one:.1f}x)" for n, f in floor) + ".")
     solo = solo_cores(get, api, rt)
     if solo:
@@ -119,9 +119,11 @@ def main(paths):
                      if held and held_entry else "") + ".")
         elif single:
             context = get(api, rt, "context_pair", 1, "B")
+            current = get(api, rt, "current_pair", 1, "B")
             print(f"\nOne thread, B, single-pair mode (64 pairs per clock reading): {ns(single[0])}"
-                  + (f"; of which the driver's two cuCtxGetCurrent (one per call): {ns(context[0])}"
-                     if context else "") + ".")
+                  + (f"; of which the driver's two cuCtxGetId(NULL) (one per call): {ns(context[0])}"
+                     if context else "")
+                  + (f" (two cuCtxGetCurrent: {ns(current[0])})" if current else "") + ".")
         for line in scaling_lines(get, api, rt, threads):
             print(f"\n{line}")
     if targets:

@@ -19,8 +19,10 @@
 //                    all threads, plus aggregate pairs per second.
 //   *_distinct_Nthreads  with --distinct K: each of N <= K threads hammers a
 //                    handle of its own (K more allocations of --distinct-size).
-//   context_pair(_Nthreads)  --api driver, B: the driver's two cuCtxGetCurrent
+//   context_pair(_Nthreads)  --api driver, B: the driver's two cuCtxGetId(NULL)
 //                    of a hit pair alone, the floor (with N threads: does it scale?).
+//   current_pair     --api driver, B: two cuCtxGetCurrent instead (what the
+//                    library called before it asked the id each time).
 //   *_solo_cpuK      with --pin, shim_hit_pair and context_pair: one thread alone
 //                    on the K-th allowed CPU, the CPUs that N pinned threads use
 //                    (thread t on the t-th).
@@ -181,10 +183,15 @@ struct IpcOps {
         return (int)cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)p);
     }
     // The floor of a hit pair on the driver API: the shim asks the driver for
-    // the current context once per call, so a pair costs two of these.
-    bool context_only = false;
+    // the current context's id once per call, so a pair costs two of these.
+    bool context_only = false, current_only = false;
     int pair(const Handle &h) const {
         if (context_only) {
+            unsigned long long i1 = 0, i2 = 0;
+            CUresult r = cuCtxGetId(nullptr, &i1);
+            return (int)(r ? r : cuCtxGetId(nullptr, &i2));
+        }
+        if (current_only) {
             CUcontext c1 = nullptr, c2 = nullptr;
             CUresult r = cuCtxGetCurrent(&c1);
             return (int)(r ? r : cuCtxGetCurrent(&c2));
@@ -418,6 +425,9 @@ struct Importer {
             IpcOps context_ops = ops;
             context_ops.context_only = true;
             emit(size, "context_pair", 1, run_single(context_ops, h, o.hit_iters, cap, o.hit_batch));
+            IpcOps current_ops = ops;
+            current_ops.current_only = true;
+            emit(size, "current_pair", 1, run_single(current_ops, h, o.hit_iters, cap, o.hit_batch));
             // The floor with threads: does the driver's own call scale?
             for (int n : o.threads) {
                 std::string mode = "context_pair_" + std::to_string(n) + "threads";
