@@ -10,7 +10,8 @@
  *     recently used idle VMM things give theirs up first (the budget's
  *     eviction), and past that an import is passed through uncached, as
  *     without the cache (said once). A limit lowered under what is kept
- *     sheds the idle ones at the next miss; live ones go with their release.
+ *     sheds the idle ones at the next miss, live ones at a miss after their
+ *     release.
  *   - where: from half the limit up (at most 1024): away from the low
  *     numbers programs use (select() takes fds below 1024) and from the
  *     lowest free one the kernel hands out next, so a stray close of a
