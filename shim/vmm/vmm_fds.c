@@ -58,9 +58,8 @@ static void say_full(size_t bound, rlim_t soft)
 
 /* A place for one more kept dup: 1, or 0 when the bound is reached and no
  * idle import gives one up (the import then goes uncached). Lock not held. */
-static int claim(struct ipcc_vmm_table *t)
+static int claim(struct ipcc_vmm_table *t, rlim_t soft)
 {
-    rlim_t soft = soft_limit();
     size_t bound = bound_of(soft);
     for (int tries = 0; tries < 2; tries++) {
         ipcc_lock();
@@ -77,9 +76,8 @@ static int claim(struct ipcc_vmm_table *t)
 
 /* A dup kept high, close-on-exec; anywhere when nothing is free up there
  * (a limit lowered since). */
-static int high_dup(int fd)
+static int high_dup(int fd, rlim_t soft)
 {
-    rlim_t soft = soft_limit();
     long floor = soft >= 2 * FLOOR_MAX ? FLOOR_MAX : (long)(soft / 2);
     int d = fcntl(fd, F_DUPFD_CLOEXEC, floor);
     return d >= 0 || floor == 0 ? d : fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -91,8 +89,9 @@ static int high_dup(int fd)
 int ipcc_vmm_fd_keep(struct ipcc_vmm_table *t, int fd)
 {
     int saved_errno = errno;
+    rlim_t soft = soft_limit();
     int d = -1;
-    if (claim(t) && (d = high_dup(fd)) < 0) { /* out of fds: the place goes back */
+    if (claim(t, soft) && (d = high_dup(fd, soft)) < 0) { /* out of fds: the place goes back */
         ipcc_lock();
         ipcc_vmm_fd_unclaim(t);
         ipcc_unlock();
