@@ -39,7 +39,7 @@ SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            shim/legacy/legacy_calls.c shim/legacy/legacy_close.c shim/legacy/legacy_exporter.c \
            shim/legacy/legacy_importer.c \
            shim/vmm/vmm_calls.c shim/vmm/vmm_close.c shim/vmm/vmm_exporter.c \
-           shim/vmm/vmm_importer.c shim/vmm/vmm_identity.c \
+           shim/vmm/vmm_importer.c shim/vmm/vmm_identity.c shim/vmm/vmm_fds.c \
            $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) shim/ledger/ledger_helper.c \
            shim/budget/idle_budget.c shim/budget/tables.c \
            shim/life/lifecycle.c shim/life/stats.c shim/life/marker.c \

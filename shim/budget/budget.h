@@ -31,6 +31,7 @@ IPCC_HIDDEN size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipc
 /* ---- idle_budget.c: the one budget, enforced for both kinds -------------------- */
 
 IPCC_HIDDEN void ipcc_evict_over_caps(void);
+IPCC_HIDDEN void ipcc_evict_fds_over(size_t keep);
 IPCC_HIDDEN void ipcc_give_way_all(void);
 IPCC_HIDDEN void ipcc_release_all_idle(void);
 IPCC_HIDDEN size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id);

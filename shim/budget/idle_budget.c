@@ -58,6 +58,27 @@ void ipcc_evict_over_caps(void)
         close_in_batches(take_idle, &b, 1);
 }
 
+/* Under the lock: the VMM path's idle things, least recently used first,
+ * while it keeps more dups than *arg (each cached import keeps one). */
+static size_t take_for_fds(const void *arg, struct ipcc_victim *out, size_t cap, size_t *nout,
+                           struct ipcc_vmm_ops *ops)
+{
+    (void)out; /* legacy mappings keep no fd */
+    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    size_t keep = *(const size_t *)arg, taken = 0;
+    *nout = 0;
+    while (t && taken < cap && ipcc_vmm_table_fds(t) > keep && ipcc_vmm_evict_one(t, ops))
+        taken++;
+    return taken;
+}
+
+/* The VMM path is at its bound on kept fds (vmm_fds.c): idle imports give
+ * theirs up until at most keep are left, or nothing is idle. */
+void ipcc_evict_fds_over(size_t keep)
+{
+    close_in_batches(take_for_fds, &keep, 1);
+}
+
 /* The driver is out of memory or handles: everything idle, of both kinds,
  * gives way (counted as evictions). */
 void ipcc_give_way_all(void)

@@ -92,6 +92,9 @@ IPCC_HIDDEN void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)
 IPCC_HIDDEN void ipcc_vmm_table_destroy(struct ipcc_vmm_table *t, void (*close_fd)(int));
 IPCC_HIDDEN const struct ipcc_vmm_gauges *ipcc_vmm_table_gauges(const struct ipcc_vmm_table *t);
 IPCC_HIDDEN size_t ipcc_vmm_table_imports(const struct ipcc_vmm_table *t);
+IPCC_HIDDEN int ipcc_vmm_fd_claim(struct ipcc_vmm_table *t, size_t bound);
+IPCC_HIDDEN void ipcc_vmm_fd_unclaim(struct ipcc_vmm_table *t);
+IPCC_HIDDEN size_t ipcc_vmm_table_fds(const struct ipcc_vmm_table *t);
 IPCC_HIDDEN int ipcc_vmm_ops_push(struct ipcc_vmm_ops *o, enum ipcc_vmm_op op, uint64_t addr,
                                   uint64_t size, uint64_t handle, int fd);
 IPCC_HIDDEN int ipcc_vmm_import_find(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
@@ -172,6 +175,11 @@ IPCC_HIDDEN int ipcc_vmm_id_of(struct ipcc_vmm_id *id, void *os_handle, int type
 IPCC_HIDDEN int ipcc_vmm_identity_works(const struct ipcc_vmm_id *id);
 IPCC_HIDDEN void ipcc_vmm_identity_fork_child(void); /* forgets the pid kcmp uses */
 IPCC_HIDDEN int32_t ipcc_vmm_self_pid(void);         /* getpid, asked once per process */
+
+/* ---- vmm_fds.c: the dups kept as identities, bounded ------------------- */
+
+IPCC_HIDDEN int ipcc_vmm_fd_keep(struct ipcc_vmm_table *t, int fd);
+IPCC_HIDDEN void ipcc_vmm_fd_give_back(struct ipcc_vmm_table *t, int fd);
 
 /* ---- vmm_close.c: really releasing what the VMM table gave up ---------- */
 

@@ -24,9 +24,6 @@
  * held across a driver call; none of these calls needs a current context.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -118,32 +115,13 @@ static CUresult real_import(import_fn real, CUmemGenericAllocationHandle *h, voi
     return rc;
 }
 
-/* A dup kept high, away from the numbers a program uses and from the
- * lowest free one the kernel hands out next: a stray close of a number the
- * program does not own seldom frees one, and seldom gets it reused by an fd
- * the program then imports (vmm_imports.c refuses that case anyway). Half
- * the fd limit, at most 1024; anywhere when nothing is free up there. */
-static int high_dup(int fd)
-{
-    struct rlimit r;
-    long floor = 0;
-    if (getrlimit(RLIMIT_NOFILE, &r) == 0)
-        floor = r.rlim_cur >= 2048 ? 1024 : (long)(r.rlim_cur / 2);
-    int d = fcntl(fd, F_DUPFD_CLOEXEC, floor);
-    return d >= 0 || floor == 0 ? d : fcntl(fd, F_DUPFD_CLOEXEC, 0);
-}
-
-/* A real import to record: keeps a dup of the fd as the identity. */
+/* A real import to record: keeps a dup of the fd as the identity, within
+ * the bound on kept fds (vmm_fds.c); past it the import stays uncached. */
 static void record_import(struct ipcc_vmm_table *t, struct ipcc_vmm_id *id,
                           CUmemGenericAllocationHandle *h)
 {
-    int saved_errno = errno; /* the app's */
-    if (!id->fabric) {
-        id->fd = high_dup(id->fd);
-        errno = saved_errno;
-        if (id->fd < 0)
-            return; /* out of fds: this one is simply not cached */
-    }
+    if (!id->fabric && (id->fd = ipcc_vmm_fd_keep(t, id->fd)) < 0)
+        return; /* the app's handle is the driver's, as without the cache */
     uint64_t cached = 0;
     ipcc_lock();
     int r = ipcc_vmm_import_insert(t, id, *h, ipcc_now_ns(), &cached);
@@ -154,8 +132,7 @@ static void record_import(struct ipcc_vmm_table *t, struct ipcc_vmm_id *id,
         return;
     }
     if (!id->fabric)
-        close(id->fd);
-    errno = saved_errno;
+        ipcc_vmm_fd_give_back(t, id->fd);
     if (r == 0) { /* another thread's import of the same export won */
         ((release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE))(*h);
         *h = cached;

@@ -98,7 +98,7 @@ void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)(int))
         free(t->res[i]->chunks);
         free(t->res[i]);
     }
-    t->nimports = t->nres = t->nreleasing = 0;
+    t->nimports = t->nres = t->nreleasing = t->nfds = 0;
     t->last_found = NULL;
     ipcc_vmm_predict_clear(&t->predict);
     atomic_store(&t->gauges.idle_entries, 0);
@@ -126,6 +126,29 @@ const struct ipcc_vmm_gauges *ipcc_vmm_table_gauges(const struct ipcc_vmm_table 
 size_t ipcc_vmm_table_imports(const struct ipcc_vmm_table *t)
 {
     return t->nimports;
+}
+
+/* ---- kept dups: how many (vmm_fds.c bounds them) ----------------------------- */
+
+/* A place for one more kept dup, while fewer than bound are kept: 1, or 0.
+ * The place is the import's once recorded (its drop gives it back), else
+ * the caller's to give back. */
+int ipcc_vmm_fd_claim(struct ipcc_vmm_table *t, size_t bound)
+{
+    if (t->nfds >= bound)
+        return 0;
+    t->nfds++;
+    return 1;
+}
+
+void ipcc_vmm_fd_unclaim(struct ipcc_vmm_table *t)
+{
+    t->nfds--;
+}
+
+size_t ipcc_vmm_table_fds(const struct ipcc_vmm_table *t)
+{
+    return t->nfds;
 }
 
 /* ---- imports: identity ---------------------------------------------------- */
@@ -414,6 +437,8 @@ void ipcc_vmm_drop_import(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m,
     m->live_pins = 1; /* leaves the gauges */
     ipcc_vmm_account(t, m);
     ipcc_vmm_ops_push(ops, IPCC_VMM_RELEASE, 0, 0, m->handle, m->id.fabric ? -1 : m->id.fd);
+    if (!m->id.fabric)
+        ipcc_vmm_fd_unclaim(t); /* closed right after the lock */
     note_releasing(t, m->handle);
     free(m);
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 #
-# fuzz.sh BUILD [--seeds N] [--first S] [--seed S [--keep LIST]]
+# fuzz.sh BUILD [--seeds N] [--first S] [--seed S [--keep LIST]] [--nofile N]
 #
 # The differential fuzzer: runs BUILD/tests/fuzz (tests/fuzz/fuzz.c) for each seed
 # once without and once with LD_PRELOAD=BUILD/libipccache.so, against the
@@ -12,6 +12,8 @@
 #
 #   --seeds N --first S   seeds S .. S+N-1 (default 200 from 1)
 #   --seed S --keep LIST  one seed, only the listed ops (as printed on failure)
+#   --nofile N            both sides at a soft limit of N open files (the cache
+#                         keeps at most N/8 fds: past that VMM imports go uncached)
 #
 # Ends with "fuzz: N passed, M failed (seeds A..B)"; exits 1 if any failed.
 # FUZZ_MIN_TRIES bounds the runs spent minimising one seed (default 300);
@@ -23,20 +25,22 @@
 
 set -u
 
-usage() { echo "usage: tests/fuzz/fuzz.sh BUILD [--seeds N] [--first S] [--seed S [--keep LIST]]" >&2; exit 2; }
+usage() { echo "usage: tests/fuzz/fuzz.sh BUILD [--seeds N] [--first S] [--seed S [--keep LIST]] [--nofile N]" >&2; exit 2; }
 [[ $# -ge 1 ]] || usage
 build=$1; shift
-seeds=200 first=1 keep=all
+seeds=200 first=1 keep=all nofile=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --seeds) seeds=${2:?}; shift 2 ;;
         --first) first=${2:?}; shift 2 ;;
         --seed) first=${2:?}; seeds=1; shift 2 ;;
         --keep) keep=${2:?}; shift 2 ;;
+        --nofile) nofile=${2:?}; shift 2 ;;
         *) usage ;;
     esac
 done
-[[ $seeds =~ ^[0-9]+$ && $first =~ ^[0-9]+$ ]] || usage
+[[ $seeds =~ ^[0-9]+$ && $first =~ ^[0-9]+$ && $nofile =~ ^[0-9]*$ ]] || usage
+[[ -z $nofile ]] || ulimit -Sn "$nofile" || exit 2
 
 prog=$build/tests/fuzz lib=$build/libipccache.so
 if [[ ! -x $prog || ! -f $lib ]]; then
@@ -103,7 +107,7 @@ minimize() {
     list=$(IFS=,; echo "${ops[*]}")
     differs "$seed" "${list:-none}" || true
     echo "fuzz: seed $seed FAILED; shortest failing sequence: ${#ops[@]} op(s)" \
-         "(tests/fuzz/fuzz.sh $build --seed $seed --keep ${list:-none})"
+         "(tests/fuzz/fuzz.sh $build --seed $seed --keep ${list:-none}${nofile:+ --nofile $nofile})"
     show
 }
 
@@ -116,7 +120,7 @@ for ((seed = first; seed < first + seeds; seed++)); do
     failed=$((failed + 1))
     cp "$tmp/without.out" "$tmp/first.without"; cp "$tmp/with.out" "$tmp/first.with"
     if [[ -n ${FUZZ_MAX_MINIMIZE:-} ]] && ((failed > FUZZ_MAX_MINIMIZE)); then
-        echo "fuzz: seed $seed FAILED (not minimised: tests/fuzz/fuzz.sh $build --seed $seed)"
+        echo "fuzz: seed $seed FAILED (not minimised: tests/fuzz/fuzz.sh $build --seed $seed${nofile:+ --nofile $nofile})"
     elif differs "$seed" "$keep"; then
         minimize "$seed"
     else
@@ -126,5 +130,5 @@ for ((seed = first; seed < first + seeds; seed++)); do
     fi
     [[ ${FUZZ_STOP:-0} == 1 && $failed -gt 0 ]] && break
 done
-echo "fuzz: $passed passed, $failed failed (seeds $first..$((first + seeds - 1)))"
+echo "fuzz: $passed passed, $failed failed (seeds $first..$((first + seeds - 1))${nofile:+, soft limit $nofile})"
 [[ $failed -eq 0 ]]

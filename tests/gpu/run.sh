@@ -15,6 +15,7 @@
 #   IPC_SIZE       exported buffer size in bytes (default 64 MiB)
 #   TORCH_ITERS    messages in the PyTorch check (default 50)
 #   TORCH_VMM_ITERS, TORCH_VMM_POOL_MB  the expandable-segments check (200, 512)
+#   TORCH_FDS_TENSORS  400 MiB tensors held at once at a soft limit of 1,024 open files (100: 2,000 chunks)
 #   VMM_ITERS, VMM_CHUNKS, VMM_CHUNK_MB  vmm_rebuild's rebuilds, chunks, MiB (50, 26, 20)
 #   GPU_TEST_TIMEOUT  seconds allowed per program run (default 180)
 #   GHOST_SIZE     bytes the exporter frees in the ghost-memory check (default 8 GiB)
@@ -33,6 +34,7 @@ SIZE=${IPC_SIZE:-67108864}
 TORCH_ITERS=${TORCH_ITERS:-50}
 TORCH_VMM_ITERS=${TORCH_VMM_ITERS:-200}
 TORCH_VMM_POOL_MB=${TORCH_VMM_POOL_MB:-512}
+TORCH_FDS_TENSORS=${TORCH_FDS_TENSORS:-100}
 VMM_ITERS=${VMM_ITERS:-50}
 VMM_CHUNKS=${VMM_CHUNKS:-26}
 VMM_CHUNK_MB=${VMM_CHUNK_MB:-20}
@@ -334,6 +336,42 @@ torch_vmm_suite() {
     check "${tag}_shim_no_errors" python3 "$HERE/stats_check.py" "$f" "errors==0"
 }
 
+# fds_within_bound OFF ON: the consumer's fds with the shim exceed those without
+# by at most an eighth of its soft limit of 1,024 (what the cache may keep), plus slack.
+fds_within_bound() {
+    [[ $1 =~ ^[0-9]+$ && $2 =~ ^[0-9]+$ ]] && [ "$2" -le $(($1 + 1024 / 8 + 8)) ]
+}
+
+# A consumer at a soft limit of 1,024 open files holding 2,000 chunks of an
+# expandable segment live (100 tensors of 400 MiB, 40 GiB; tests/gpu/torch_fds.py):
+# every value right and the program's 50 opens succeed, without and with the
+# shim; with it the consumer keeps at most an eighth of its limit as kept fds
+# (docs/limits.md), and the imports past that go uncached.
+torch_fds_suite() {
+    local off=$OUT_DIR/torch_fds_off.txt on=$OUT_DIR/torch_fds_on.txt sdir=$OUT_DIR/torch_fds_stats
+    local rc_off=0 rc_on=0 a b cp f
+    local cmd=(env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 "$HERE/torch_fds.py"
+               --tensors "$TORCH_FDS_TENSORS" --tensor-mb 400 --nofile 1024)
+    run_plain "$off" "${cmd[@]}" || rc_off=$?
+    run_shim "$on" "$sdir" "${cmd[@]}" || rc_on=$?
+    check torch_fds_no_shim_values test "$(value values_ok "$off")" = 1 -a "$rc_off" = 0
+    check torch_fds_no_shim_opens test "$(value opens_ok "$off")" = 1
+    check torch_fds_shim_values test "$(value values_ok "$on")" = 1 -a "$rc_on" = 0
+    check torch_fds_shim_opens test "$(value opens_ok "$on")" = 1
+    a=$(value fds_open "$off") b=$(value fds_open "$on")
+    echo "    consumer's open fds holding the share: without shim ${a:-?}, with shim ${b:-?}"
+    check torch_fds_shim_fds_bounded fds_within_bound "$a" "$b"
+    cp=$(value consumer_pid "$on")
+    f=$(stats_of "$sdir" "${cp:-none}")
+    echo "    consumer: $(stat_value vmm_imports "$f") imports, $(stat_value vmm_import_hits "$f") hits"
+    check torch_fds_shim_imports python3 "$HERE/stats_check.py" "$f" \
+        "vmm_imports>=$((TORCH_FDS_TENSORS * 20))" "errors==0"
+    if [ "$rc_off" != 0 ] || [ "$rc_on" != 0 ]; then
+        echo "    exit codes: without shim $rc_off, with shim $rc_on; stderr:"
+        tail -n 20 "$off.err" "$on.err" | sed 's/^/    /'
+    fi
+}
+
 # An exporter's free gives its memory back although the importer cached an
 # idle mapping of it: ghost_free.cu (both cudarts' driver path) and PyTorch.
 ghost_suite() {
@@ -434,6 +472,7 @@ main() {
     if torch_ready; then
         torch_suite
         torch_vmm_suite
+        torch_fds_suite
         torch_shapes_suite
         if [ "$NGPU" -ge 2 ]; then
             torch_vmm_suite --device-consumer 1

@@ -107,32 +107,52 @@ def produce(args, req_q, ack_q):
     return received, bad, pid
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def start_consumer(prog, target, *args):
+    """Spawns target(req_q, ack_q, *args) and prints both pids; None (said why)
+    without CUDA."""
     import torch
     import torch.multiprocessing as mp
 
     if not torch.cuda.is_available():
-        print("torch_consumer: CUDA not available", file=sys.stderr)
-        return 2
+        print(f"{prog}: CUDA not available", file=sys.stderr)
+        return None
     ctx = mp.get_context("spawn")
     req_q, ack_q = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=consumer, args=(req_q, ack_q, args.device_consumer))
+    proc = ctx.Process(target=target, args=(req_q, ack_q) + args)
     proc.start()
     print(f"producer_pid={os.getpid()}", flush=True)
     print(f"consumer_pid={proc.pid}", flush=True)
-    try:
-        received, bad, pid = produce(args, req_q, ack_q)
-    except Exception as exc:  # queue.Empty on timeout, or a protocol error
-        print(f"torch_consumer: {type(exc).__name__}: {exc}", file=sys.stderr)
-        proc.kill()
-        proc.join()
-        print("values_ok=0")
-        return 1
-    proc.join(args.timeout)
+    return proc, req_q, ack_q
+
+
+def abort(prog, proc, exc):
+    """The producer's side failed: say why, stop the consumer, report no values."""
+    print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    proc.kill()
+    proc.join()
+    print("values_ok=0")
+    return 1
+
+
+def reap(proc, timeout):
+    """Waits for the consumer to end, killing it after timeout seconds."""
+    proc.join(timeout)
     if proc.exitcode is None:
         proc.kill()
         proc.join()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = start_consumer("torch_consumer", consumer, args.device_consumer)
+    if not started:
+        return 2
+    proc, req_q, ack_q = started
+    try:
+        received, bad, pid = produce(args, req_q, ack_q)
+    except Exception as exc:  # queue.Empty on timeout, or a protocol error
+        return abort("torch_consumer", proc, exc)
+    reap(proc, args.timeout)
     values_ok = received == args.iters and bad == 0 and proc.exitcode == 0
     if pid != proc.pid:
         print(f"torch_consumer: consumer reported pid {pid}, expected {proc.pid}", file=sys.stderr)
