@@ -34,7 +34,7 @@ static size_t close_in_batches(take_fn take, const void *arg, int evicted)
         ipcc_lock();
         n = take(arg, victims, BATCH, &nlegacy, &ops);
         ipcc_closing_add(victims, nlegacy);
-        ipcc_vmm_unmaps_taken(&ops);
+        ipcc_vmm_ops_taken(&ops);
         ipcc_unlock();
         ipcc_close_listed_victims(victims, nlegacy, evicted);
         ipcc_vmm_run_ops(&ops, evicted);

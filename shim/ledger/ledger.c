@@ -302,8 +302,8 @@ int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const vo
 /* ---- importers ------------------------------------------------------------ */
 
 /* Whether the slot's helper thread has started and still runs. Only a
- * live owner's slot is asked (its start time written last, after the
- * helper word was cleared), so a tid read here is its own. */
+ * live owner's slot is asked (its pid written last, after the helper word
+ * was cleared), so a tid read here is its own. */
 int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid)
 {
     int32_t tid = atomic_load_explicit(&s->helper, memory_order_acquire);
@@ -320,20 +320,28 @@ static int helper_gone(struct ipcc_ledger_importer *s, int32_t pid)
 /* Free, or its owner died, or exec()ed (same pid and start time, but its
  * helper thread died with the old image). Our own pid's slot is taken over
  * by someone else, never by us: reclaiming it would write the same pid
- * back, and a compare-and-swap could not tell our claim from theirs. */
+ * back, and a compare-and-swap could not tell our claim from theirs.
+ *
+ * The claim is one compare-and-swap that writes -me: "being claimed by me".
+ * Only a positive pid has its start time and helper beside it (written
+ * before it), so a claimer never judges a pid by the start time of the
+ * owner before it; a claim under way is judged by its pid alone. */
 static int claim_importer(struct ipcc_ledger_importer *s, int32_t me)
 {
     int32_t owner = atomic_load(&s->pid);
-    if (owner == me)
+    if (owner == me || owner == -me)
         return 0;
-    if (owner != 0 && ipcc_proc_alive(owner, atomic_load(&s->start)) &&
+    if (owner < 0 && ipcc_proc_alive(-owner, 0))
+        return 0;
+    if (owner > 0 && ipcc_proc_alive(owner, atomic_load(&s->start)) &&
         !helper_gone(s, owner))
         return 0;
-    return atomic_compare_exchange_strong(&s->pid, &owner, me);
+    return atomic_compare_exchange_strong(&s->pid, &owner, -me);
 }
 
 /* Takes an importer slot for this process: its index, -1 without a ledger,
- * -2 when 64 live importers hold every slot. */
+ * -2 when 64 live importers hold every slot. Readers see our pid only once
+ * the slot is reset and names our start time. */
 int ipcc_ledger_register(void)
 {
     if (!ipcc_ledger_ready())
@@ -343,15 +351,16 @@ int ipcc_ledger_register(void)
         struct ipcc_ledger_importer *s = &ledger->importers[i];
         if (!claim_importer(s, me.pid))
             continue;
-        atomic_store(&s->start, 0);
         atomic_store(&s->helper, 0);
         atomic_store(&s->any, 0);
         for (int w = 0; w < IPCC_LEDGER_WATCH; w++)
             atomic_store(&s->watch[w], 0);
         for (int r = 0; r < IPCC_LEDGER_REQUESTS; r++)
             atomic_store(&s->acked[r], 0);
-        atomic_store_explicit(&s->start, me.start, memory_order_release);
-        return i;
+        atomic_store(&s->start, me.start);
+        int32_t claiming = -me.pid; /* fails only if another claimer judged us gone */
+        if (atomic_compare_exchange_strong(&s->pid, &claiming, me.pid))
+            return i;
     }
     return -2;
 }

@@ -29,9 +29,9 @@ struct ipcc_ledger_export {
 
 /* A process that holds cached mappings of other processes' memory. */
 struct ipcc_ledger_importer {
-    _Atomic int32_t pid;          /* 0: free */
+    _Atomic int32_t pid;          /* 0: free; -pid: being claimed by pid */
     _Atomic uint32_t doorbell;    /* futex: bumped by exporters with news */
-    _Atomic uint64_t start;       /* 0 while being claimed */
+    _Atomic uint64_t start;       /* the owner's, once pid is positive */
     _Atomic uint32_t any;         /* holds handles of unknown exporters */
     _Atomic int32_t helper;       /* its helper thread's tid; 0 until it runs */
     _Atomic int32_t watch[IPCC_LEDGER_WATCH]; /* exporters whose handles it holds */

@@ -184,11 +184,11 @@ IPCC_HIDDEN void ipcc_vmm_fd_give_back(struct ipcc_vmm_table *t, int fd);
 /* ---- vmm_close.c: really releasing what the VMM table gave up ---------- */
 
 IPCC_HIDDEN void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted);
-/* Kept chunks taken for unmapping, and the app's calls that wait for them
- * (vmm_close.c). */
-IPCC_HIDDEN void ipcc_vmm_unmaps_taken(const struct ipcc_vmm_ops *ops);
-IPCC_HIDDEN void ipcc_vmm_wait_unmaps_in(uint64_t addr, uint64_t size);
-IPCC_HIDDEN void ipcc_vmm_unmaps_reset(void);
+/* Kept chunks taken for unmapping and kept ranges for freeing, and the app's
+ * calls that wait for them (vmm_close.c). */
+IPCC_HIDDEN void ipcc_vmm_ops_taken(const struct ipcc_vmm_ops *ops);
+IPCC_HIDDEN void ipcc_vmm_wait_under_way_in(uint64_t addr, uint64_t size);
+IPCC_HIDDEN void ipcc_vmm_under_way_reset(void);
 
 /* ---- the release ledger on the VMM path (vmm_exporter.c, vmm_importer.c) ----
  * An exported POSIX fd is published as a tag: 64 bytes naming the exporter

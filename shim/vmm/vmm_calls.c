@@ -79,7 +79,7 @@ static struct ipcc_vmm_table *active(void)
 void ipcc_vmm_fork_child(void)
 {
     memset(&recent, 0, sizeof(recent));
-    ipcc_vmm_unmaps_reset();
+    ipcc_vmm_under_way_reset();
 }
 
 static int out_of_memory(CUresult rc)
@@ -256,6 +256,8 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
         note_reserve(*ptr, size);
         return CUDA_SUCCESS;
     }
+    if (addr) /* a kept range there that another thread is freeing: the hint is free after it */
+        ipcc_vmm_wait_under_way_in(addr, size);
     CUresult rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     if (out_of_memory(rc)) {
         ipcc_give_way_all();
@@ -309,7 +311,7 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
         }
         return counted(rc);
     }
-    ipcc_vmm_wait_unmaps_in(ptr, size); /* one we took may still be mapped there */
+    ipcc_vmm_wait_under_way_in(ptr, size); /* one we took may still be mapped or reserved there */
     rc = real(ptr, size);
     if (rc == CUDA_SUCCESS && done) {
         ipcc_lock();
@@ -358,7 +360,7 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
             IPCC_COUNT(vmm_map_hits);
         return counted(rc);
     }
-    ipcc_vmm_wait_unmaps_in(ptr, size);
+    ipcc_vmm_wait_under_way_in(ptr, size);
     rc = real(ptr, size, offset, handle, flags);
     if (out_of_memory(rc)) {
         ipcc_give_way_all();

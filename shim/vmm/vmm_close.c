@@ -22,7 +22,7 @@ typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 
 #define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 
-/* ---- unmaps under way -------------------------------------------------- */
+/* ---- unmaps and frees under way ------------------------------------------ */
 
 /*
  * A kept chunk leaves the table under the lock and is unmapped after it (by
@@ -30,72 +30,91 @@ typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
  * driver still has it mapped, so an app's call on that range meanwhile, one
  * the table no longer has a reason to answer, would get the driver's
  * refusal: PyTorch's segment teardown frees the range right after its
- * release, the moment an exporter's release makes the helper let go. Such
- * unmaps are listed from when they are taken until done, and a call the
- * table passes to the driver first waits for those in its range (never on
- * anything of ours: only on the driver's unmap). Fixed slots, as for legacy
+ * release, the moment an exporter's release makes the helper let go. The
+ * same for a kept range's real free: until it is done the driver still
+ * holds the range, and a reserve hinted there would land elsewhere (without
+ * the cache the app's free had given the address back). Such orders are
+ * listed from when they are taken until done, and a call the table passes
+ * to the driver first waits for those in its range (never on anything of
+ * ours: only on the driver's unmap or free). Fixed slots, as for legacy
  * closes (legacy_close.c): past them, the race above for the rest only.
  */
-#define UNMAPPING_SLOTS 128
+#define UNDER_WAY_SLOTS 128
 static struct {
     uint64_t addr, size;
+    enum ipcc_vmm_op op;
     int used;
-} unmapping[UNMAPPING_SLOTS];
-static _Atomic int unmappings; /* listed: none is the one-load fast path */
+} under_way[UNDER_WAY_SLOTS];
+static _Atomic int under_ways; /* listed: none is the one-load fast path */
 
-/* Lock held: the ops' unmaps are under way from now on. */
-void ipcc_vmm_unmaps_taken(const struct ipcc_vmm_ops *ops)
+/* Lock held: the ops' unmaps and frees are under way from now on. */
+void ipcc_vmm_ops_taken(const struct ipcc_vmm_ops *ops)
 {
     for (size_t i = 0, s = 0; i < ops->n; i++) {
-        if (ops->v[i].op != IPCC_VMM_UNMAP)
+        if (ops->v[i].op == IPCC_VMM_RELEASE)
             continue;
-        while (s < UNMAPPING_SLOTS && unmapping[s].used)
+        while (s < UNDER_WAY_SLOTS && under_way[s].used)
             s++;
-        if (s == UNMAPPING_SLOTS)
+        if (s == UNDER_WAY_SLOTS)
             return;
-        unmapping[s].addr = ops->v[i].addr;
-        unmapping[s].size = ops->v[i].size;
-        unmapping[s].used = 1;
-        atomic_fetch_add(&unmappings, 1);
+        under_way[s].addr = ops->v[i].addr;
+        under_way[s].size = ops->v[i].size;
+        under_way[s].op = ops->v[i].op;
+        under_way[s].used = 1;
+        atomic_fetch_add(&under_ways, 1);
     }
 }
 
-static void unmap_done(uint64_t addr, uint64_t size)
+static void op_done(const struct ipcc_vmm_victim *v)
 {
     ipcc_lock();
-    for (int s = 0; s < UNMAPPING_SLOTS; s++) {
-        if (unmapping[s].used && unmapping[s].addr == addr && unmapping[s].size == size) {
-            unmapping[s].used = 0;
-            atomic_fetch_sub(&unmappings, 1);
+    for (int s = 0; s < UNDER_WAY_SLOTS; s++) {
+        if (under_way[s].used && under_way[s].op == v->op && under_way[s].addr == v->addr &&
+            under_way[s].size == v->size) {
+            under_way[s].used = 0;
+            atomic_fetch_sub(&under_ways, 1);
             break;
         }
     }
     ipcc_unlock();
 }
 
-static int unmapping_in(uint64_t addr, uint64_t size)
+/* Whether an order of a kind in kinds (1 << op) is under way in the range. */
+static int under_way_in(uint64_t addr, uint64_t size, unsigned kinds)
 {
     int busy = 0;
     ipcc_lock();
-    for (int s = 0; s < UNMAPPING_SLOTS && !busy; s++)
-        busy = unmapping[s].used && unmapping[s].addr < addr + size &&
-               addr < unmapping[s].addr + unmapping[s].size;
+    for (int s = 0; s < UNDER_WAY_SLOTS && !busy; s++)
+        busy = under_way[s].used && (kinds & 1u << under_way[s].op) &&
+               under_way[s].addr < addr + size && addr < under_way[s].addr + under_way[s].size;
     ipcc_unlock();
     return busy;
 }
 
-/* Before the app's call on [addr, addr+size) goes to the driver. */
-void ipcc_vmm_wait_unmaps_in(uint64_t addr, uint64_t size)
+static void wait_under_way_in(uint64_t addr, uint64_t size, unsigned kinds)
 {
-    while (atomic_load_explicit(&unmappings, memory_order_acquire) && unmapping_in(addr, size))
+    while (atomic_load_explicit(&under_ways, memory_order_acquire) &&
+           under_way_in(addr, size, kinds))
         sched_yield();
 }
 
-/* Fork child: the unmaps under way were the parent's threads'. */
-void ipcc_vmm_unmaps_reset(void)
+/* Before the app's call on [addr, addr+size) goes to the driver. */
+void ipcc_vmm_wait_under_way_in(uint64_t addr, uint64_t size)
 {
-    memset(unmapping, 0, sizeof(unmapping));
-    atomic_store(&unmappings, 0);
+    wait_under_way_in(addr, size, 1u << IPCC_VMM_UNMAP | 1u << IPCC_VMM_FREE);
+}
+
+/* Before a kept range's own free: only unmaps in it (its own free is listed). */
+static void wait_unmaps_in(uint64_t addr, uint64_t size)
+{
+    wait_under_way_in(addr, size, 1u << IPCC_VMM_UNMAP);
+}
+
+/* Fork child: the orders under way were the parent's threads'. */
+void ipcc_vmm_under_way_reset(void)
+{
+    memset(under_way, 0, sizeof(under_way));
+    atomic_store(&under_ways, 0);
 }
 
 /* The app's calls with this handle value are the driver's again. */
@@ -114,11 +133,12 @@ static void run_op(const struct ipcc_vmm_victim *v, int evicted)
     if (v->op == IPCC_VMM_UNMAP) {
         range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_UNMAP);
         rc = f ? f(v->addr, v->size) : NO_DRIVER;
-        unmap_done(v->addr, v->size);
+        op_done(v);
     } else if (v->op == IPCC_VMM_FREE) {
         range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_FREE);
-        ipcc_vmm_wait_unmaps_in(v->addr, v->size); /* another thread's, taken earlier */
+        wait_unmaps_in(v->addr, v->size); /* another thread's, taken earlier */
         rc = f ? f(v->addr, v->size) : NO_DRIVER;
+        op_done(v);
     } else {
         release_fn f = (release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE);
         rc = f ? f(v->handle) : NO_DRIVER;

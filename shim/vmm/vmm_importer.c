@@ -130,7 +130,7 @@ static uint64_t release_idle_of(struct ipcc_vmm_table *t, const void *tag, size_
     size_t n = ipcc_vmm_take_idle_by_tag(t, tag, &ops, live, &live_bytes);
     if (*live && ipcc_keyset_add(&doomed, tag) < 0)
         ipcc_log(IPCC_LOG_DEBUG, "too many released VMM exports still in use; one stays kept");
-    ipcc_vmm_unmaps_taken(&ops);
+    ipcc_vmm_ops_taken(&ops);
     ipcc_unlock();
     ipcc_vmm_run_ops(&ops, 0);
     IPCC_ADD(releases_on_request, n);

@@ -664,6 +664,36 @@ Test(vmm, freeing_a_kept_range_waits_for_another_threads_unmap_in_it, .timeout =
     expect_no_stale_handles();
 }
 
+/* Another thread's eviction is really freeing a kept range (the stand-in's
+ * address free made slow) when the app reserves with that range's address
+ * as a hint: without the cache the app's own free had given the address
+ * back, and the driver gives a just-freed range's address to a hint
+ * (docs/vmm.md); the reserve waits for that free, and gets the address. */
+Test(vmm, hint_waits_for_another_threads_free_of_a_kept_range, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "3", 1);
+    int fds[CHUNKS], other[CHUNKS];
+    CUmemGenericAllocationHandle h[CHUNKS];
+    CUdeviceptr p = kept_segment(fds, h); /* idle: its range and CHUNKS imports */
+    exporter(other);
+    CUmemGenericAllocationHandle x = import(other[0]);
+    int64_t reserved = vmm().live_reservations;
+    setenv("FAKECUDA_VMM_SLOW_FREE_MS", "300", 1);
+    pthread_t t; /* its release goes past the cap: the oldest, the segment, goes whole */
+    cr_assert_eq(pthread_create(&t, NULL, release_in_thread, &x), 0);
+    for (int i = 0; i < 3000 && !fakevmm_frees_under_way(); i++)
+        usleep(1000);
+    cr_assert(fakevmm_frees_under_way(), "no eviction freed the kept range");
+    unsetenv("FAKECUDA_VMM_SLOW_FREE_MS");
+    CUdeviceptr q = 0;
+    cr_assert_eq(cuMemAddressReserve(&q, 4 * G, 0, p, 0), CUDA_SUCCESS);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_assert_eq(q, p, "the hint was not honoured: the reserve landed at %#llx", (unsigned long long)q);
+    cr_assert_eq(vmm().live_reservations, reserved, "the kept range was not freed, or leaked");
+    cr_assert_eq(cuMemAddressFree(q, 4 * G), CUDA_SUCCESS);
+    expect_no_stale_handles();
+}
+
 Test(vmm, out_of_handles_releases_idle_imports, .timeout = 10)
 {
     int fds[CHUNKS];

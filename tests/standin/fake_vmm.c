@@ -302,7 +302,45 @@ static int has_mapping_in(uint64_t addr, uint64_t size)
     return 0;
 }
 
+/* ---- calls made slow: FAKECUDA_VMM_SLOW_UNMAP_MS, FAKECUDA_VMM_SLOW_FREE_MS ---- */
+
+static atomic_int unmaps_under_way, frees_under_way;
+
+int fakevmm_unmaps_under_way(void)
+{
+    return atomic_load(&unmaps_under_way);
+}
+
+int fakevmm_frees_under_way(void)
+{
+    return atomic_load(&frees_under_way);
+}
+
+/* With the setting name above 0, the call waits that many ms before it
+ * acts (counted in *under_way meanwhile), to widen a race window. */
+static CUresult widened(const char *name, atomic_int *under_way,
+                        CUresult (*now)(CUdeviceptr, size_t), CUdeviceptr ptr, size_t size)
+{
+    long ms = setting(name, 0);
+    if (ms <= 0)
+        return now(ptr, size);
+    atomic_fetch_add(under_way, 1);
+    struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
+    while (nanosleep(&t, &t) != 0)
+        ;
+    CUresult rc = now(ptr, size);
+    atomic_fetch_sub(under_way, 1);
+    return rc;
+}
+
+static CUresult address_free_now(CUdeviceptr ptr, size_t size);
+
 CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    return widened("FAKECUDA_VMM_SLOW_FREE_MS", &frees_under_way, address_free_now, ptr, size);
+}
+
+static CUresult address_free_now(CUdeviceptr ptr, size_t size)
 {
     vlock();
     v_cnt.address_free_calls++;
@@ -359,27 +397,11 @@ static int cuts_a_mapping(uint64_t addr, uint64_t size)
     return 0;
 }
 
-static atomic_int unmaps_under_way;
-
-int fakevmm_unmaps_under_way(void)
-{
-    return atomic_load(&unmaps_under_way);
-}
-
 static CUresult unmap_now(CUdeviceptr ptr, size_t size);
 
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    long ms = setting("FAKECUDA_VMM_SLOW_UNMAP_MS", 0);
-    if (ms <= 0)
-        return unmap_now(ptr, size);
-    atomic_fetch_add(&unmaps_under_way, 1);
-    struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
-    while (nanosleep(&t, &t) != 0)
-        ;
-    CUresult rc = unmap_now(ptr, size);
-    atomic_fetch_sub(&unmaps_under_way, 1);
-    return rc;
+    return widened("FAKECUDA_VMM_SLOW_UNMAP_MS", &unmaps_under_way, unmap_now, ptr, size);
 }
 
 static CUresult unmap_now(CUdeviceptr ptr, size_t size)

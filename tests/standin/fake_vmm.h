@@ -35,9 +35,11 @@ struct fakevmm_counters {
 };
 
 void fakevmm_get_counters(struct fakevmm_counters *out);
-/* Unmaps under way: with FAKECUDA_VMM_SLOW_UNMAP_MS set, each cuMemUnmap
- * waits that long before it unmaps, to widen a race window. */
+/* Unmaps and address frees under way: with FAKECUDA_VMM_SLOW_UNMAP_MS
+ * (FAKECUDA_VMM_SLOW_FREE_MS) set, each cuMemUnmap (cuMemAddressFree) waits
+ * that long before it acts, to widen a race window. */
 int fakevmm_unmaps_under_way(void);
+int fakevmm_frees_under_way(void);
 
 /* Access flags of device dev at ptr (inside a mapping); -1 if unmapped. */
 long long fakevmm_access(CUdeviceptr ptr, int dev);

@@ -8,11 +8,14 @@
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -500,4 +503,138 @@ Test(ledger, stopped_exporter_leaves_a_later_request_posted, .timeout = 10)
     answer_as(slot);
     cr_assert_eq(exit_status(b), 0);
     end(imp);
+}
+
+/* ---- two claimers of one dead importer slot ------------------------------ */
+
+/* Slot 0 is a dead process's, every other one a live process's (this one,
+ * whose pid alone says it runs): a claimer can only take slot 0. */
+static void only_slot0_is_free(void)
+{
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    for (int i = 1; i < IPCC_LEDGER_IMPORTERS; i++) {
+        atomic_store(&f->importers[i].pid, getpid());
+        atomic_store(&f->importers[i].start, 0);
+        atomic_store(&f->importers[i].helper, 0);
+    }
+    struct ipcc_ledger_importer *s = &f->importers[0];
+    pid_t dead = reaped_child();
+    atomic_store(&s->pid, dead);
+    atomic_store(&s->start, 1); /* no live process started at tick 1 */
+    atomic_store(&s->helper, dead);
+    atomic_store(&s->any, 1);
+}
+
+struct slot_words { int32_t pid, helper; uint64_t start; };
+
+static struct slot_words slot0_words(void)
+{
+    struct ipcc_ledger_importer *s = &ipcc_ledger_file()->importers[0];
+    return (struct slot_words){ atomic_load(&s->pid), atomic_load(&s->helper),
+                                atomic_load(&s->start) };
+}
+
+Test(ledger, claim_under_way_is_not_taken_over, .timeout = 60)
+{
+    /* A claimer stopped at any instruction from its first store to the dead slot on: a second claimer must not take the slot (both would use it, and exporters would skip one). */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    only_slot0_is_free();
+    pid_t a = fork();
+    cr_assert_geq(a, 0);
+    if (a == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        ipcc_proc_self(); /* its /proc read before the steps */
+        if (ptrace(PTRACE_TRACEME, 0, NULL, NULL) != 0)
+            _exit(100);
+        raise(SIGSTOP);
+        _exit(ipcc_ledger_register() == 0 ? 0 : 1);
+    }
+    int status;
+    cr_assert_eq(waitpid(a, &status, 0), a);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 100)
+        cr_skip_test("ptrace is not allowed here");
+    struct slot_words before = slot0_words();
+    long steps = 0, taken_at = -1, under_way = 0;
+    struct slot_words seen = before;
+    for (; steps < 1000000; steps++) {
+        cr_assert_eq(ptrace(PTRACE_SINGLESTEP, a, NULL, NULL), 0);
+        cr_assert_eq(waitpid(a, &status, 0), a);
+        if (!WIFSTOPPED(status))
+            break;
+        struct slot_words now = slot0_words();
+        under_way |= memcmp(&now, &before, sizeof(now)) != 0;
+        if (under_way && ipcc_ledger_register() != -2) {
+            taken_at = steps;
+            seen = now;
+            break;
+        }
+    }
+    if (taken_at >= 0)
+        end(a);
+    cr_assert_eq(taken_at, -1, "taken over at step %ld of the claim: pid %d, start %llu, helper %d",
+                 taken_at, seen.pid, (unsigned long long)seen.start, seen.helper);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the first claimer lost its slot");
+    cr_assert_gt(under_way, 0);
+}
+
+/* Two processes released at once onto one dead slot, many times over. */
+struct claim_race {
+    _Atomic uint32_t round;
+    _Atomic uint32_t done;
+    _Atomic int32_t got[2];
+};
+
+#define CLAIM_ROUNDS 1000
+
+static void claim_rounds(struct claim_race *r, int who)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    for (uint32_t round = 1;; round++) {
+        while (atomic_load(&r->round) != round)
+            sched_yield(); /* a spin, so that both start at once; yielding to the parent */
+        if (round > CLAIM_ROUNDS) /* alive until the last round is judged: a dead winner's slot is free */
+            _exit(0);
+        atomic_store(&r->got[who], ipcc_ledger_register());
+        atomic_fetch_add(&r->done, 1);
+        ipcc_futex_wake(&r->done);
+    }
+}
+
+Test(ledger, racing_claimers_take_one_slot_once, .timeout = 60)
+{
+    /* Of two processes claiming one dead slot at the same moment, exactly one gets it, and the slot names that one. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct claim_race *r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE,
+                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(r, MAP_FAILED);
+    only_slot0_is_free();
+    pid_t kids[2];
+    for (int who = 0; who < 2; who++) {
+        kids[who] = fork();
+        cr_assert_geq(kids[who], 0);
+        if (kids[who] == 0)
+            claim_rounds(r, who);
+    }
+    int both = 0;
+    for (uint32_t round = 1; round <= CLAIM_ROUNDS; round++) {
+        only_slot0_is_free();
+        atomic_store(&r->done, 0);
+        atomic_store(&r->got[0], 9);
+        atomic_store(&r->got[1], 9);
+        atomic_store(&r->round, round);
+        uint32_t d;
+        while ((d = atomic_load(&r->done)) < 2)
+            ipcc_futex_wait(&r->done, d, 1000000);
+        int32_t g0 = atomic_load(&r->got[0]), g1 = atomic_load(&r->got[1]);
+        int32_t owner = atomic_load(&ipcc_ledger_file()->importers[0].pid);
+        both += g0 == 0 && g1 == 0;
+        cr_assert((g0 == 0) != (g1 == 0) || (g0 == 0 && g1 == 0), "round %u: %d %d", round, g0, g1);
+        if (g0 == 0 && g1 == 0)
+            continue;
+        cr_assert_eq(owner, kids[g0 == 0 ? 0 : 1], "round %u: the slot names %d", round, owner);
+    }
+    atomic_store(&r->round, CLAIM_ROUNDS + 1);
+    for (int who = 0; who < 2; who++)
+        cr_assert_eq(exit_status(kids[who]), 0);
+    cr_assert_eq(both, 0, "in %d of %d rounds both claimers took the slot", both, CLAIM_ROUNDS);
 }
