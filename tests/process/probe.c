@@ -1185,7 +1185,10 @@ static int scenario_fork_at_start(int argc, char **argv)
  * a hooked name, which checks the load order), the main thread forks in it,
  * and the child opens, looks up and exits within 5 s. "sigaction": the
  * signal comes while ipccache installs its handler; the program's own
- * handler must see it.
+ * handler must see it. "exit_in_atexit" and "fork_in_phdr" (run with
+ * IPCC_TEST_WINDOW_RAISE=SIGUSR2's number): the signal comes in the window,
+ * on the thread in it, and the program's handler calls exit(42), or forks
+ * a child that exits 0; neither may hang.
  */
 static struct {
     int (*wait_open)(void);
@@ -1252,6 +1255,61 @@ static int window_signal(void)
     return raised != 1 || atomic_load(&app_signals) != raised;
 }
 
+static void exit_42(int sig)
+{
+    (void)sig;
+    exit(42);
+}
+
+static volatile sig_atomic_t handler_child_status = -1;
+
+static void fork_in_handler(int sig)
+{
+    (void)sig;
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid)
+        handler_child_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void on_sigusr2(void (*handler)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR2, &sa, NULL);
+    alarm(10); /* a hang ends, as a failure */
+}
+
+/* The first IPC open registers the exit handlers: the signal comes while
+ * glibc holds its lock of them; the handler exits, so the open never returns. */
+static int window_exit_in_atexit(void)
+{
+    on_sigusr2(exit_42);
+    if (((int (*)(void))window_hook("window_fill_exit_block"))() != 0)
+        die(EXIT_SETUP, "glibc's exit handlers are not laid out in blocks of 32");
+    ((void (*)(void))window_hook("window_arm"))();
+    CUdeviceptr p = 0;
+    drv.ipc_open(&p, window.h, LAZY);
+    put("window_opened", ((int (*)(void))window_hook("window_wait_open"))());
+    return 1; /* the handler did not run */
+}
+
+/* A lookup walks the loaded objects: the signal comes while the loader
+ * holds its lock of them; the handler forks and waits for its child. */
+static int window_fork_in_phdr(void)
+{
+    on_sigusr2(fork_in_handler);
+    ((void (*)(void))window_hook("window_arm"))();
+    resolve("cuIpcOpenMemHandle", 11000);
+    put("window_opened", ((int (*)(void))window_hook("window_wait_open"))());
+    put("handler_child_exit", handler_child_status);
+    return handler_child_status != 0;
+}
+
 static int scenario_window(int argc, char **argv)
 {
     const char *what = argc > 2 ? argv[2] : "";
@@ -1260,6 +1318,10 @@ static int scenario_window(int argc, char **argv)
     window.h = foreign_handle(1);
     if (strcmp(what, "sigaction") == 0)
         return window_signal();
+    if (strcmp(what, "exit_in_atexit") == 0)
+        return window_exit_in_atexit();
+    if (strcmp(what, "fork_in_phdr") == 0)
+        return window_fork_in_phdr();
     window.phdr = strcmp(what, "phdr") == 0;
     if (!window.phdr && ((int (*)(void))window_hook("window_fill_exit_block"))() != 0)
         die(EXIT_SETUP, "glibc's exit handlers are not laid out in blocks of 32");
@@ -1309,7 +1371,7 @@ static const struct {
     { "fork", scenario_fork, "[unguarded]" },
     { "fork_hitting", scenario_fork_hitting, "" },
     { "fork_at_start", scenario_fork_at_start, "" },
-    { "window", scenario_window, "atexit|phdr|sigaction" },
+    { "window", scenario_window, "atexit|phdr|sigaction|exit_in_atexit|fork_in_phdr" },
 };
 
 int main(int argc, char **argv)
