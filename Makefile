@@ -175,10 +175,16 @@ $(BUILD)/tests/libwindow.so: tests/process/window_lib.c
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl
 
+# An allocator with its own lock and fork handler, for a fork while a lock of
+# ipccache's is held across an allocation.
+$(BUILD)/tests/liballoclock.so: tests/process/alloc_lock_lib.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl -lpthread
+
 # Runs probe under LD_PRELOAD in fresh processes.
 PROCESS_SRC = tests/process/process_run.c $(wildcard tests/process/test_process_*.c)
 $(BUILD)/tests/test_process: $(PROCESS_SRC) tests/process/process_run.h $(BUILD)/tests/probe \
-                             $(INTERPOSERS) $(BUILD)/tests/libwindow.so
+                             $(INTERPOSERS) $(BUILD)/tests/libwindow.so $(BUILD)/tests/liballoclock.so
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $(PROCESS_SRC) $(TEST_LIBS)
 
 # RTLD_NEXT identity without Criterion (architectures tested under emulation).

@@ -1191,7 +1191,6 @@ static int scenario_fork_at_start(int argc, char **argv)
  * a child that exits 0; neither may hang.
  */
 static struct {
-    int (*wait_open)(void);
     CUcontext ctx;
     CUipcMemHandle h;
     int phdr;
@@ -1255,6 +1254,25 @@ static int window_signal(void)
     return raised != 1 || atomic_load(&app_signals) != raised;
 }
 
+/* A thread runs call, which lands in the window; once wait_open says it is
+ * open, the main thread forks: the child opens, looks up and exits. */
+static int fork_in_window(void *(*call)(void *), int (*wait_open)(void))
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, call, NULL) != 0)
+        die(EXIT_SETUP, "pthread_create failed");
+    int opened = wait_open();
+    pid_t pid = fork();
+    if (pid < 0)
+        die(EXIT_SETUP, "fork: %s", strerror(errno));
+    if (pid == 0)
+        window_child();
+    put("window_opened", opened);
+    int bad = reap(pid, "child");
+    pthread_join(t, NULL);
+    return bad || !opened;
+}
+
 static void exit_42(int sig)
 {
     (void)sig;
@@ -1310,6 +1328,31 @@ static int window_fork_in_phdr(void)
     return handler_child_status != 0;
 }
 
+/* "alloc_fork", with tests/process/alloc_lock_lib.c preloaded ahead: a
+ * thread's miss allocates while it holds ipccache's table lock, and the main
+ * thread forks then, with an allocator whose fork handler was registered
+ * after ipccache's; the child opens and exits, and the miss completes. */
+static void *alloc_fork_miss(void *arg)
+{
+    (void)arg;
+    drv.ctx_set_current(window.ctx);
+    CUdeviceptr p = 0;
+    if (drv.ipc_open(&p, foreign_handle(2), LAZY) == CUDA_SUCCESS)
+        drv.ipc_close(p);
+    return NULL;
+}
+
+static int window_alloc_fork(void)
+{
+    alarm(10); /* a hang ends, as a failure */
+    CUdeviceptr p = 0;
+    CHECK(drv.ipc_open(&p, window.h, LAZY)); /* started: its own allocations are done */
+    CHECK(drv.ipc_close(p));
+    ((void (*)(void))window_hook("alloc_lock_arm"))();
+    fflush(stdout);
+    return fork_in_window(alloc_fork_miss, (int (*)(void))window_hook("alloc_lock_wait_open"));
+}
+
 static int scenario_window(int argc, char **argv)
 {
     const char *what = argc > 2 ? argv[2] : "";
@@ -1322,25 +1365,14 @@ static int scenario_window(int argc, char **argv)
         return window_exit_in_atexit();
     if (strcmp(what, "fork_in_phdr") == 0)
         return window_fork_in_phdr();
+    if (strcmp(what, "alloc_fork") == 0)
+        return window_alloc_fork();
     window.phdr = strcmp(what, "phdr") == 0;
     if (!window.phdr && ((int (*)(void))window_hook("window_fill_exit_block"))() != 0)
         die(EXIT_SETUP, "glibc's exit handlers are not laid out in blocks of 32");
-    window.wait_open = (int (*)(void))window_hook("window_wait_open");
     ((void (*)(void))window_hook("window_arm"))();
     fflush(stdout);
-    pthread_t t;
-    if (pthread_create(&t, NULL, window_call, NULL) != 0)
-        die(EXIT_SETUP, "pthread_create failed");
-    int opened = window.wait_open();
-    pid_t pid = fork();
-    if (pid < 0)
-        die(EXIT_SETUP, "fork: %s", strerror(errno));
-    if (pid == 0)
-        window_child();
-    put("window_opened", opened);
-    int bad = reap(pid, "child");
-    pthread_join(t, NULL);
-    return bad || !opened;
+    return fork_in_window(window_call, (int (*)(void))window_hook("window_wait_open"));
 }
 
 /* ---- main ---------------------------------------------------------------- */
@@ -1371,7 +1403,7 @@ static const struct {
     { "fork", scenario_fork, "[unguarded]" },
     { "fork_hitting", scenario_fork_hitting, "" },
     { "fork_at_start", scenario_fork_at_start, "" },
-    { "window", scenario_window, "atexit|phdr|sigaction|exit_in_atexit|fork_in_phdr" },
+    { "window", scenario_window, "atexit|phdr|sigaction|exit_in_atexit|fork_in_phdr|alloc_fork" },
 };
 
 int main(int argc, char **argv)
