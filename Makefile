@@ -137,10 +137,11 @@ $(FAKE): $(FAKE_SRC) tests/standin/fake_cuda.h tests/standin/fake_vmm.h
 	    -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $(FAKE_SRC) -lpthread
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
-# The table, the settings parser and the ledger, tested alone: no CUDA, no
+# The table, the settings parser, the ledger and the counters, tested alone: no CUDA, no
 # preload. calloc is wrapped so that a test can make the table's allocations fail.
 UNIT_SHIM = $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) $(BASE_SRC) shim/base/userdir.c \
-            shim/base/keyset.c shim/base/lock.c shim/base/proc.c
+            shim/base/keyset.c shim/base/lock.c shim/base/proc.c \
+            shim/life/stats.c shim/life/marker.c
 $(BUILD)/tests/test_unit: $(UNIT_SRC) $(UNIT_SHIM) $(wildcard shim/*.h shim/*/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) $(UNIT_SHIM) \
@@ -174,10 +175,16 @@ $(BUILD)/tests/libwindow.so: tests/process/window_lib.c
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl
 
+# An allocator with its own lock and fork handler, for a fork while a lock of
+# ipccache's is held across an allocation.
+$(BUILD)/tests/liballoclock.so: tests/process/alloc_lock_lib.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl -lpthread
+
 # Runs probe under LD_PRELOAD in fresh processes.
 PROCESS_SRC = tests/process/process_run.c $(wildcard tests/process/test_process_*.c)
 $(BUILD)/tests/test_process: $(PROCESS_SRC) tests/process/process_run.h $(BUILD)/tests/probe \
-                             $(INTERPOSERS) $(BUILD)/tests/libwindow.so
+                             $(INTERPOSERS) $(BUILD)/tests/libwindow.so $(BUILD)/tests/liballoclock.so
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $(PROCESS_SRC) $(TEST_LIBS)
 
 # RTLD_NEXT identity without Criterion (architectures tested under emulation).

@@ -336,14 +336,23 @@ static size_t edit_distance(const char *a, const char *b)
     return row[lb];
 }
 
-/* The setting a misspelling most likely meant: a few edits away, else none. */
+/* Whether d edits leave most of setting's own letters (after IPCCACHE_):
+ * IPCCACHE_OFF is 3 from IPCCACHE_LOG, a whole word rewritten, no hint. */
+static int keeps_most_of(const char *setting, size_t d)
+{
+    return 2 * d < strlen(setting) - strlen("IPCCACHE_");
+}
+
+/* The setting a misspelling most likely meant: fewer than four edits away
+ * and most of it kept, the first of the table when several are as close;
+ * else none. */
 static const char *closest_setting(const char *name)
 {
     const char *best = NULL;
     size_t best_d = 4;
     for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
         size_t d = edit_distance(name, settings[i].name);
-        if (d < best_d)
+        if (d < best_d && keeps_most_of(settings[i].name, d))
             best = settings[i].name, best_d = d;
     }
     return best;

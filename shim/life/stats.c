@@ -94,7 +94,6 @@ static uint64_t load(const _Atomic uint64_t *v)
     return atomic_load_explicit(v, memory_order_relaxed);
 }
 
-/* Fork child: its process starts counting afresh. */
 /* Fork child: counts start again; the other threads are gone, and so are
  * their stripes' owners. */
 void ipcc_stats_reset(void)

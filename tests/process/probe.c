@@ -1271,10 +1271,12 @@ static int scenario_fork_at_start(int argc, char **argv)
  * a hooked name, which checks the load order), the main thread forks in it,
  * and the child opens, looks up and exits within 5 s. "sigaction": the
  * signal comes while ipccache installs its handler; the program's own
- * handler must see it.
+ * handler must see it. "exit_in_atexit" and "fork_in_phdr" (run with
+ * IPCC_TEST_WINDOW_RAISE=SIGUSR2's number): the signal comes in the window,
+ * on the thread in it, and the program's handler calls exit(42), or forks
+ * a child that exits 0; neither may hang.
  */
 static struct {
-    int (*wait_open)(void);
     CUcontext ctx;
     CUipcMemHandle h;
     int phdr;
@@ -1338,24 +1340,14 @@ static int window_signal(void)
     return raised != 1 || atomic_load(&app_signals) != raised;
 }
 
-static int scenario_window(int argc, char **argv)
+/* A thread runs call, which lands in the window; once wait_open says it is
+ * open, the main thread forks: the child opens, looks up and exits. */
+static int fork_in_window(void *(*call)(void *), int (*wait_open)(void))
 {
-    const char *what = argc > 2 ? argv[2] : "";
-    load_driver();
-    window.ctx = use_primary_context();
-    window.h = foreign_handle(1);
-    if (strcmp(what, "sigaction") == 0)
-        return window_signal();
-    window.phdr = strcmp(what, "phdr") == 0;
-    if (!window.phdr && ((int (*)(void))window_hook("window_fill_exit_block"))() != 0)
-        die(EXIT_SETUP, "glibc's exit handlers are not laid out in blocks of 32");
-    window.wait_open = (int (*)(void))window_hook("window_wait_open");
-    ((void (*)(void))window_hook("window_arm"))();
-    fflush(stdout);
     pthread_t t;
-    if (pthread_create(&t, NULL, window_call, NULL) != 0)
+    if (pthread_create(&t, NULL, call, NULL) != 0)
         die(EXIT_SETUP, "pthread_create failed");
-    int opened = window.wait_open();
+    int opened = wait_open();
     pid_t pid = fork();
     if (pid < 0)
         die(EXIT_SETUP, "fork: %s", strerror(errno));
@@ -1365,6 +1357,108 @@ static int scenario_window(int argc, char **argv)
     int bad = reap(pid, "child");
     pthread_join(t, NULL);
     return bad || !opened;
+}
+
+static void exit_42(int sig)
+{
+    (void)sig;
+    exit(42);
+}
+
+static volatile sig_atomic_t handler_child_status = -1;
+
+static void fork_in_handler(int sig)
+{
+    (void)sig;
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid)
+        handler_child_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void on_sigusr2(void (*handler)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR2, &sa, NULL);
+    alarm(10); /* a hang ends, as a failure */
+}
+
+/* The first IPC open registers the exit handlers: the signal comes while
+ * glibc holds its lock of them; the handler exits, so the open never returns. */
+static int window_exit_in_atexit(void)
+{
+    on_sigusr2(exit_42);
+    if (((int (*)(void))window_hook("window_fill_exit_block"))() != 0)
+        die(EXIT_SETUP, "glibc's exit handlers are not laid out in blocks of 32");
+    ((void (*)(void))window_hook("window_arm"))();
+    CUdeviceptr p = 0;
+    drv.ipc_open(&p, window.h, LAZY);
+    put("window_opened", ((int (*)(void))window_hook("window_wait_open"))());
+    return 1; /* the handler did not run */
+}
+
+/* A lookup walks the loaded objects: the signal comes while the loader
+ * holds its lock of them; the handler forks and waits for its child. */
+static int window_fork_in_phdr(void)
+{
+    on_sigusr2(fork_in_handler);
+    ((void (*)(void))window_hook("window_arm"))();
+    resolve("cuIpcOpenMemHandle", 11000);
+    put("window_opened", ((int (*)(void))window_hook("window_wait_open"))());
+    put("handler_child_exit", handler_child_status);
+    return handler_child_status != 0;
+}
+
+/* "alloc_fork", with tests/process/alloc_lock_lib.c preloaded ahead: a
+ * thread's miss allocates while it holds ipccache's table lock, and the main
+ * thread forks then, with an allocator whose fork handler was registered
+ * after ipccache's; the child opens and exits, and the miss completes. */
+static void *alloc_fork_miss(void *arg)
+{
+    (void)arg;
+    drv.ctx_set_current(window.ctx);
+    CUdeviceptr p = 0;
+    if (drv.ipc_open(&p, foreign_handle(2), LAZY) == CUDA_SUCCESS)
+        drv.ipc_close(p);
+    return NULL;
+}
+
+static int window_alloc_fork(void)
+{
+    alarm(10); /* a hang ends, as a failure */
+    CUdeviceptr p = 0;
+    CHECK(drv.ipc_open(&p, window.h, LAZY)); /* started: its own allocations are done */
+    CHECK(drv.ipc_close(p));
+    ((void (*)(void))window_hook("alloc_lock_arm"))();
+    fflush(stdout);
+    return fork_in_window(alloc_fork_miss, (int (*)(void))window_hook("alloc_lock_wait_open"));
+}
+
+static int scenario_window(int argc, char **argv)
+{
+    const char *what = argc > 2 ? argv[2] : "";
+    load_driver();
+    window.ctx = use_primary_context();
+    window.h = foreign_handle(1);
+    if (strcmp(what, "sigaction") == 0)
+        return window_signal();
+    if (strcmp(what, "exit_in_atexit") == 0)
+        return window_exit_in_atexit();
+    if (strcmp(what, "fork_in_phdr") == 0)
+        return window_fork_in_phdr();
+    if (strcmp(what, "alloc_fork") == 0)
+        return window_alloc_fork();
+    window.phdr = strcmp(what, "phdr") == 0;
+    if (!window.phdr && ((int (*)(void))window_hook("window_fill_exit_block"))() != 0)
+        die(EXIT_SETUP, "glibc's exit handlers are not laid out in blocks of 32");
+    ((void (*)(void))window_hook("window_arm"))();
+    fflush(stdout);
+    return fork_in_window(window_call, (int (*)(void))window_hook("window_wait_open"));
 }
 
 /* ---- main ---------------------------------------------------------------- */
@@ -1396,7 +1490,7 @@ static const struct {
     { "fork", scenario_fork, "[unguarded]" },
     { "fork_hitting", scenario_fork_hitting, "" },
     { "fork_at_start", scenario_fork_at_start, "" },
-    { "window", scenario_window, "atexit|phdr|sigaction" },
+    { "window", scenario_window, "atexit|phdr|sigaction|exit_in_atexit|fork_in_phdr|alloc_fork" },
 };
 
 int main(int argc, char **argv)

@@ -235,16 +235,31 @@ Test(process, fork_begun_before_start_gets_a_usable_lock, .timeout = 30)
 /* Runs "window WHAT" with tests/process/window_lib.c preloaded ahead of ipccache,
  * widening the moment WHAT names. Not under the sanitizer: its runtime
  * intercepts the same calls first and starts before the window can. */
-static void run_window(struct proc *p, const char *what)
+static void run_window_as(struct proc *p, const char *window, const char *what,
+                          const char *raise)
 {
     if (getenv("IPCC_TEST_PRELOAD_PREFIX"))
         cr_skip_test("the sanitizer's runtime intercepts the calls the window widens");
     char *preload = format("LD_PRELOAD=%s/tests/libwindow.so:%s/libipccache.so", build_dir,
                            build_dir);
-    char *mode = format("IPCC_TEST_WINDOW=%s", what);
-    probe(p, ENV(preload, mode), "window", what);
+    char *mode = format("IPCC_TEST_WINDOW=%s", window);
+    probe(p, ENV(preload, mode, raise), "window", what);
     free(preload);
     free(mode);
+}
+
+static void run_window(struct proc *p, const char *what)
+{
+    run_window_as(p, what, what, NULL);
+}
+
+/* The window raises SIGUSR2 on the thread in it, where the probe's handler
+ * exits or forks. */
+static void run_window_raising(struct proc *p, const char *window, const char *what)
+{
+    char *raise = format("IPCC_TEST_WINDOW_RAISE=%d", SIGUSR2);
+    run_window_as(p, window, what, raise);
+    free(raise);
 }
 
 Test(process, fork_while_registering_exit_handlers_gives_a_live_child, .timeout = 30)
@@ -262,6 +277,44 @@ Test(process, fork_while_checking_the_load_order_gives_a_live_child, .timeout = 
     /* A fork while another thread's lookup of a hooked name walks the loaded objects (the loader's list lock held, widened): the child looks up, opens and exits. */
     struct proc p;
     run_window(&p, "phdr");
+    expect_quiet_success(&p);
+    expect_kv(&p, "window_opened", 1);
+    expect_kv(&p, "child_exit", 0);
+}
+
+Test(process, exit_from_a_signal_while_registering_exit_handlers_exits, .timeout = 30)
+{
+    /* A signal whose handler calls exit(), arriving while ipccache registers its exit handlers (glibc's lock of them held): it waits until the lock is let go, and the process exits with the handler's status. */
+    struct proc p;
+    run_window_raising(&p, "atexit", "exit_in_atexit");
+    cr_expect(eq(int, exit_code(&p), 42), "status %#x; stderr:\n%s", p.status, p.err);
+    cr_expect(eq(str, p.err, ""));
+}
+
+Test(process, fork_from_a_signal_while_checking_the_load_order_forks, .timeout = 30)
+{
+    /* A signal whose handler forks, arriving while a lookup walks the loaded objects (inside ipccache's fork guard): the fork waits until the walk is done, and its child exits. */
+    struct proc p;
+    run_window_raising(&p, "phdr", "fork_in_phdr");
+    expect_quiet_success(&p);
+    expect_kv(&p, "window_opened", 1);
+    expect_kv(&p, "handler_child_exit", 0);
+}
+
+Test(process, fork_while_a_miss_allocates_under_the_lock_with_a_later_allocator_handler, .timeout = 30)
+{
+    /* A fork while another thread allocates holding ipccache's table lock, the allocator's own lock taken by a fork handler registered after ipccache's (POSIX runs it first): the fork completes, its child opens and exits, and the miss returns. */
+    if (getenv("IPCC_TEST_PRELOAD_PREFIX"))
+        cr_skip_test("the sanitizer's runtime owns the allocator");
+    /* Known to hang today (issue 26): the fork's prepare step, holding the allocator's lock,
+     * waits for the table lock, whose holder waits for the allocator's lock. */
+    if (!getenv("IPCC_TEST_KNOWN_HANGS"))
+        cr_skip_test("known hang, not fixed yet; IPCC_TEST_KNOWN_HANGS=1 runs it");
+    struct proc p;
+    char *preload = format("LD_PRELOAD=%s/tests/liballoclock.so:%s/libipccache.so", build_dir,
+                           build_dir);
+    probe(&p, ENV(preload), "window", "alloc_fork");
+    free(preload);
     expect_quiet_success(&p);
     expect_kv(&p, "window_opened", 1);
     expect_kv(&p, "child_exit", 0);

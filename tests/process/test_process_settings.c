@@ -71,6 +71,50 @@ Test(process, misspelled_setting_under_strict_stops, .timeout = 20)
                                      " (did you mean IPCCACHE_DISABLE?)"), "%s", p.err);
 }
 
+Test(process, name_extending_a_setting_is_not_one, .timeout = 20)
+{
+    /* A name that merely starts with a setting's is a misspelling like any other: reported, and
+     * under IPCCACHE_STRICT a stop. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_DISABLED=1", "IPCCACHE_LOGLEVEL=debug", "IPCCACHE_STATS_FILES=/x"),
+          "openclose", "5");
+    cr_expect(eq(int, exit_code(&p), 0));
+    cr_expect(eq(int, count_lines(p.err), 3), "stderr:\n%s", p.err);
+    cr_expect_not_null(strstr(p.err, "warning: IPCCACHE_DISABLED is not a setting"
+                                     " (did you mean IPCCACHE_DISABLE?); ignored\n"), "%s", p.err);
+    cr_expect_not_null(strstr(p.err, "warning: IPCCACHE_LOGLEVEL is not a setting; ignored\n"),
+                       "%s", p.err);
+    cr_expect_not_null(strstr(p.err, "warning: IPCCACHE_STATS_FILES is not a setting"
+                                     " (did you mean IPCCACHE_STATS_FILE?); ignored\n"), "%s", p.err);
+    expect_kv(&p, "maps", 1); /* IPCCACHE_DISABLED=1 disables nothing */
+    probe(&p, ENV("IPCCACHE_STRICT=1", "IPCCACHE_DISABLED=1"), "openclose", "5");
+    cr_expect(eq(int, exit_code(&p), 78), "stderr:\n%s", p.err);
+}
+
+/* The warning for NAME=1 alone, after "ipccache: warning: ". */
+static void expect_unknown_name_warning(const char *name, const char *says)
+{
+    struct proc p;
+    char *setting = format("%s=1", name);
+    probe(&p, ENV(setting), "openclose", "5");
+    char *want = format("ipccache: warning: %s is not a setting%s; ignored\n", name, says);
+    cr_expect(eq(str, p.err, want), "%s", name);
+    free(setting);
+    free(want);
+}
+
+Test(process, misspelling_hint_only_for_a_close_setting, .timeout = 20)
+{
+    /* A hint names a setting only when the name keeps most of it (fewer than four edits, and
+     * fewer than half its letters after IPCCACHE_): no hint that rewrites a whole word; of two
+     * equally close settings, the first of the table. */
+    expect_unknown_name_warning("IPCCACHE_STATS", "");
+    expect_unknown_name_warning("IPCCACHE_OFF", "");
+    expect_unknown_name_warning("IPCCACHE_ON", "");
+    expect_unknown_name_warning("IPCCACHE_VM", " (did you mean IPCCACHE_VMM?)");
+    expect_unknown_name_warning("IPCCACHE_STATS_FI", " (did you mean IPCCACHE_STATS_FILE?)");
+}
+
 Test(process, log_error_silences_the_warnings, .timeout = 20)
 {
     /* IPCCACHE_LOG=error is read first, so a bad value in another setting is not reported. */

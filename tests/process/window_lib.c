@@ -16,6 +16,8 @@
  *
  * Only calls made while armed (window_arm) and, for sigaction, only
  * ipccache's own, are widened. window_wait_open waits until one is.
+ * IPCC_TEST_WINDOW_RAISE=SIGNO: an atexit or phdr window raises that signal
+ * on its own thread instead of sleeping, as a signal could arrive there.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -54,13 +56,18 @@ static void sleep_ns(long ns)
         ;
 }
 
-/* The one widened call: marks the window open, then holds it. */
+/* The one widened call: marks the window open, then holds it (or raises
+ * the signal asked for in it). */
 static void widen(void)
 {
     if (!atomic_exchange(&armed, 0))
         return;
     atomic_store(&opened, 1);
-    sleep_ns(WIDE_NS);
+    const char *raise_sig = getenv("IPCC_TEST_WINDOW_RAISE");
+    if (raise_sig)
+        raise(atoi(raise_sig));
+    else
+        sleep_ns(WIDE_NS);
 }
 
 void window_arm(void)

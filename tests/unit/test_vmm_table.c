@@ -608,6 +608,31 @@ Test(vmm_predict, in_order_shapes_predicted_once_seen, .timeout = 10)
     cr_assert_geq(predicted_last_pass(keys, n, 5, 1), n - 3, "reversed every other step");
 }
 
+/* A reserve with nothing imported since the last (the consumer growing its
+ * own expandable segments between weight syncs) ends an empty rebuild: it
+ * is learnt as nothing, so what was predicted before it still is, and
+ * what followed each rebuild is not forgotten. */
+Test(vmm_predict, empty_rebuild_changes_nothing, .timeout = 10)
+{
+    struct ipcc_vmm_predict p = { 0 };
+    struct ipcc_vmm_history h = { 0 };
+    uint64_t keys[6];
+    for (int i = 0; i < 6; i++)
+        keys[i] = key_of(0x300 + (uint64_t)i);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < 6; i++)
+            ipcc_vmm_predict_learn(&p, &h, keys[i]);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < 6; i++) {
+            cr_assert_eq(ipcc_vmm_predict_next(&p, &h), keys[i], "pass %d, rebuild %d", pass, i);
+            ipcc_vmm_predict_learn(&p, &h, keys[i]);
+            ipcc_vmm_predict_learn(&p, &h, 0); /* the app's own segment */
+            ipcc_vmm_predict_learn(&p, &h, 0);
+        }
+    }
+    ipcc_vmm_predict_clear(&p);
+}
+
 /* Nothing learnt, nothing predicted; the table grows past its first size
  * and keeps answering; a full one still learns (replacing). */
 Test(vmm_predict, grows_and_forgets, .timeout = 10)
