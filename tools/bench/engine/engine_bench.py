@@ -263,16 +263,11 @@ def real_transformers():
 
 
 def read_stats(pid):
-    """The last ipccache stats line process `pid` wrote, or None."""
-    template = os.environ.get("IPCCACHE_STATS_FILE", "")
-    if "%p" not in template:
-        return None
-    try:
-        with open(template.replace("%p", str(pid)), encoding="utf-8") as f:
-            lines = [ln for ln in f.read().splitlines() if ln.startswith("{")]
-        return json.loads(lines[-1]) if lines else None
-    except (OSError, ValueError):
-        return None
+    """The last ipccache stats line process `pid` wrote (IPCCACHE_STATS_FILE
+    with %p), or None: the SGLang driver's reader."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sglang_peer"))
+    from driver import read_stats as driver_read_stats
+    return driver_read_stats(pid)
 
 
 # ----------------------------------------------------------------- the model
