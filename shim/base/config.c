@@ -20,7 +20,7 @@
 #include "base.h"
 
 #define DEFAULT_MAX_IDLE_BYTES (8ULL << 30)
-#define DEFAULT_MAX_IDLE_ENTRIES 256
+#define DEFAULT_MAX_IDLE_ENTRIES 4096
 
 struct ipcc_config ipcc_config = {
     .vmm = 1,
@@ -246,7 +246,7 @@ static const struct ipcc_setting settings[] = {
       "Most bytes kept mapped with no reference, legacy IPC mappings and VMM imports together;"
       " past it the least recently used idle ones, of either kind, are really closed."
       " Suffixes K, M, G, T (powers of 1024). 0 keeps nothing idle." },
-    { "IPCCACHE_MAX_IDLE_ENTRIES", set_idle_entries, "a non-negative integer", "256",
+    { "IPCCACHE_MAX_IDLE_ENTRIES", set_idle_entries, "a non-negative integer", "4096",
       "Most idle mappings and VMM imports kept, together; same eviction." },
     { "IPCCACHE_LOG", set_log, "one of error, warn, info, debug", "warn",
       "error, warn, info (adds one start-up line per process that uses IPC), debug." },

@@ -15,7 +15,7 @@ static const char *const bad_settings[] = {
 #define N_BAD_SETTINGS (sizeof(bad_settings) / sizeof(bad_settings[0]))
 /* What each warning must say it uses instead, in bad_settings' order. */
 static const char *const bad_setting_defaults[N_BAD_SETTINGS] = {
-    "(0)", "(8G)", "(256)", "(warn)", "(SIGUSR1)", "(0)", "(unset)", "(unset)",
+    "(0)", "(8G)", "(4096)", "(warn)", "(SIGUSR1)", "(0)", "(unset)", "(unset)",
 };
 
 /* "IPCCACHE_X=v" -> "prefix IPCCACHE_X=\"v\"", what the message must start with. */
