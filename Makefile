@@ -122,11 +122,12 @@ $(LIB): $(SHIM_OBJ) shim/entry/ipccache.map
 
 # The library's settings parser as a command (ipccache-run checks with it).
 # Static: it then runs on any glibc (an executable's start-up code needs the
-# glibc it was linked with) and needs no library at all.
+# glibc it was linked with) and needs no library at all. --wrap: --check
+# counts the library's messages.
 $(CONFIG_TOOL): tools/ipccache_config.c $(BASE_SRC) $(wildcard shim/*.h shim/*/*.h) | prereqs
 	@mkdir -p $(@D)
 	$(CC) $(filter-out -fsanitize=% -fno-sanitize-recover=%,$(ALL_CFLAGS)) -static -o $@ \
-	    tools/ipccache_config.c $(BASE_SRC)
+	    tools/ipccache_config.c $(BASE_SRC) -Wl,--wrap=ipcc_log
 
 # ---- tests ------------------------------------------------------------------
 

@@ -30,11 +30,19 @@ fi
 capture "$config" --check
 check "config: an empty environment is fine" eval 'rc_is 0 && err_is ""'
 capture env IPCCACHE_MAX_IDLE_BYTES=banana "$config" --check
-check "config: a bad value warns like the library and exits 0" eval 'rc_is 0 && err_is \
+check "config: a bad value warns like the library and exits 1 (a start check fails)" eval 'rc_is 1 && err_is \
 "ipccache: warning: IPCCACHE_MAX_IDLE_BYTES=\"banana\" is invalid: expected a size such as 8G, 512M or 1048576; using the default (8G)"'
+capture env IPCCACHE_MAX_IDLE_BYTES=16X "$config" --check
+check "config: --check exits 1 on a bad size without IPCCACHE_STRICT" rc_is 1
+capture env IPCCACHE_LOG=error IPCCACHE_RELEASE_WAIT_MS=-1 "$config" --check
+check "config: --check exits 1 on a bad value the log level hides" eval 'rc_is 1 && err_is ""'
+capture env IPCCACHE_STRICT=maybe "$config" --check
+check "config: --check exits 1 on a bad IPCCACHE_STRICT" rc_is 1
 capture env IPCCACHE_MAX_IDLE_BYTE=1G "$config" --check
-check "config: a misspelled variable is one warning naming the setting" eval 'rc_is 0 && err_is \
+check "config: a misspelled variable is one warning naming the setting, exit 1" eval 'rc_is 1 && err_is \
 "ipccache: warning: IPCCACHE_MAX_IDLE_BYTE is not a setting (did you mean IPCCACHE_MAX_IDLE_BYTES?); ignored"'
+capture env IPCCACHE_MAX_IDLE_BYTES=16G IPCCACHE_VMM=0 IPCCACHE_LOG=info "$config" --check
+check "config: good values pass --check (0)" eval 'rc_is 0 && err_is ""'
 capture env IPCCACHE_LIB=/x IPCCACHE_STATS_LIBNAME=y "$config" --check
 check "config: the tools' own variables are not misspellings" eval 'rc_is 0 && err_is ""'
 capture env IPCCACHE_STRICT=1 IPCCACHE_LOG=bogus "$config" --check
