@@ -52,8 +52,17 @@ LEDGER_SRC = shim/ledger/ledger.c shim/ledger/ledger_request.c
 # The settings parser and what it needs (also ipccache-config).
 BASE_SRC   = shim/base/config.c shim/base/log.c shim/base/fmt.c
 # The dlsym trampoline is assembly, one file per architecture.
-ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
+ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine 2>/dev/null)))
 TRAMPOLINE = $(BUILD)/shim/entry/dlsym_$(ARCH).o
+# A compiler that does not run says nothing of its target: name its package.
+CC_NAME  = $(notdir $(firstword $(CC)))
+CC_DEB_cc = build-essential
+CC_DEB_gcc = build-essential
+CC_DEB_aarch64-linux-gnu-gcc = gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+CC_DEB_x86_64-linux-gnu-gcc  = gcc-x86-64-linux-gnu libc6-dev-amd64-cross
+ifeq ($(ARCH),)
+$(error the C compiler $(CC) is not installed (or does not run)$(if $(CC_DEB_$(CC_NAME)),; on Debian or Ubuntu: apt-get install $(CC_DEB_$(CC_NAME))))
+endif
 ifeq ($(wildcard shim/entry/dlsym_$(ARCH).S),)
 $(error ipccache supports x86_64 and aarch64; $(CC) targets $(ARCH))
 endif
