@@ -62,6 +62,33 @@ check "config: usage error exits 2" rc_is 2
 
 # ipccache-run: a harmless library to preload.
 so=$root/build/tests/libcuda.so.1
+
+# One ipccache-run option for each setting of config.c's table: --help names
+# each variable in brackets once, and no other; each option, run, sets it
+# ([NAME=V]: a flag; else the table's default, or a path for those unset).
+"$run_tool" --help | awk '/^  --/ { if (o) print o; o = $0; next } /^   / { o = o " " $0 }
+    END { print o }' >"$tmp/help"
+grep -oE '\[IPCCACHE_[A-Z_]+' "$tmp/help" | tr -d '[' | sort >"$tmp/help_names"
+"$config" --list | cut -f1 | sort >"$tmp/table_names"
+check "run: one option for each setting of ipccache-config --list, and no other" \
+    cmp -s "$tmp/help_names" "$tmp/table_names"
+unset_value() { case $1 in IPCCACHE_STATS_FILE) echo "$tmp/stats.%p" ;; *) echo "$tmp" ;; esac; }
+if [[ -f $so ]]; then
+    # OPTION|NAME|FLAG VALUE ('|': tabs would merge an empty field)
+    sed -nE 's/^  (--[a-z-]+).*\[(IPCCACHE_[A-Z_]+)(=([^]]+))?\].*/\1|\2|\4/p' "$tmp/help" >"$tmp/options"
+    while IFS='|' read -r opt var flag; do
+        value=$flag args=("$opt")
+        if [[ -z $flag ]]; then
+            value=$("$config" --list | awk -F'\t' -v n="$var" '$1 == n { print $2 }')
+            [[ $value == unset ]] && value=$(unset_value "$var")
+            args=("$opt" "$value")
+        fi
+        capture env -u "$var" "$run_tool" --lib "$so" "${args[@]}" env
+        # (not $name: check's own local)
+        check "run: ${args[*]} sets $var=$value" eval 'rc_is 0 && grep -qxF "$var=$value" "$tmp/out"'
+    done <"$tmp/options"
+fi
+
 if [[ -f $so ]]; then
     capture env IPCCACHE_MAX_IDLE_BYTES=banana "$run_tool" --lib "$so" --strict /bin/true
     check "run: --strict: a bad inherited variable exits 78" eval 'rc_is 78 && grep -q \
