@@ -11,7 +11,7 @@
 #   make check-exports   the library exports only the intercepted names
 #   make fuzz            the differential fuzzer, SEEDS=1000 from FIRST=1
 #   make mutants         one-spot bugs of shim/ (tests/fuzz/mutants.txt): each must be caught
-#   make test-gpu        prove it on a real GPU (says so when there is none)
+#   make test-gpu        prove it on a real GPU (without one: skipped, exit status 77)
 #   make bench           benchmarks on a real GPU
 #   make bench-standin   the RL weight sync's VMM calls on the stand-in: the library's own cost
 #   make peer            PyTorch's and numba's own IPC tests, without and with the cache
@@ -288,6 +288,7 @@ test-gpu:
 
 bench:
 	@$(BUILT_LIB)
+	@bash tools/need_gpu.sh bench
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench/bench.sh
 
 # No GPU: the stand-in driver plays it; three runs without and with the library, alternating;
