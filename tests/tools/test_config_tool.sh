@@ -34,6 +34,11 @@ check "config: a bad value warns like the library and exits 1 (a start check fai
 "ipccache: warning: IPCCACHE_MAX_IDLE_BYTES=\"banana\" is invalid: expected a size such as 8G, 512M or 1048576; using the default (8G)"'
 capture env IPCCACHE_MAX_IDLE_BYTES=16X "$config" --check
 check "config: --check exits 1 on a bad size without IPCCACHE_STRICT" rc_is 1
+capture env IPCCACHE_MAX_IDLE_BYTES=16GB "$config" --check
+check "config: 16GB (SI or binary?) is refused with the usual warning naming the default" eval 'rc_is 1 &&
+    grep -qF "IPCCACHE_MAX_IDLE_BYTES=\"16GB\" is invalid: expected a size such as 8G, 512M or 1048576; using the default (8G)" "$tmp/err"'
+capture env IPCCACHE_MAX_IDLE_BYTES=16g "$config" --check
+check "config: 16g is taken (either case)" eval 'rc_is 0 && err_is ""'
 capture env IPCCACHE_LOG=error IPCCACHE_RELEASE_WAIT_MS=-1 "$config" --check
 check "config: --check exits 1 on a bad value the log level hides" eval 'rc_is 1 && err_is ""'
 capture env IPCCACHE_STRICT=maybe "$config" --check
