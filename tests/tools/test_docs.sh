@@ -80,6 +80,26 @@ else
     skip "docs: make demo's result" "make test runs it (plain build)"
 fi
 
+# --- the README's no-GPU example ------------------------------------------------
+# Its sh block: no export (on a GPU host the stand-in would shadow the real
+# libcuda in every later command), and its first command, run from the root
+# (with the build of this run), prints what the README says.
+awk '/^### See it work without a GPU/ { on = 1 } on && /^```sh/ { code = 1; next }
+     code && /^```/ { exit } code' README.md >"$tmp/example"
+check "docs: the no-GPU example sets its variables per command (env), never export" \
+    eval '[[ -s $tmp/example ]] && ! grep -qE "(^|[;&|] *)export " "$tmp/example"'
+if [[ $build == *sanitize* ]]; then
+    skip "docs: the no-GPU example's first command" "make test runs it (plain build)"
+elif [[ -f $lib && -x $build/tests/probe ]]; then
+    first=$(awk '{ if (sub(/\\$/, "")) { buf = buf $0; next } print buf $0; exit }' "$tmp/example" |
+        sed "s#\$PWD/build#$build#g")
+    bash -c "$first" >"$tmp/diff" 2>&1
+    check "docs: the no-GPU example's first command prints maps=1 and the stats line" \
+        eval 'grep -qx "maps=1" "$tmp/diff" && grep -q "\"hits\":99," "$tmp/diff"'
+else
+    not_ok "docs: the no-GPU example: $lib or $build/tests/probe is not built"
+fi
+
 # --- one version --------------------------------------------------------------
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 {
