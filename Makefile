@@ -231,11 +231,16 @@ $(BUILD)/tests/fuzz: tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_led
                      tests/standin/fake_cuda.h tests/standin/fake_vmm.h $(FAKE)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_ledger.c -ldl -lpthread
 
+# make test and make demo: one line per step; the build's command lines only
+# with V=1 (its warnings and errors always).
+QUIET_MAKE = $(MAKE) --no-print-directory $(if $(V),,--silent)
+QUIET_NOTE = $(if $(V),, (V=1 shows the commands))
+
 # Installs missing Debian packages first (as root), then builds and runs.
-# The build's command lines are not shown (its warnings and errors are).
 test:
 	@bash tests/setup.sh
-	@$(MAKE) --no-print-directory --silent test-programs
+	@echo "test: building the library, the stand-in driver and the test programs$(QUIET_NOTE)"
+	@$(QUIET_MAKE) test-programs
 	@$(MAKE) --no-print-directory run-tests
 
 run-tests: test-programs
@@ -324,7 +329,9 @@ peer:
 peer-fetch:
 	@bash tools/sglang_peer/fetch.sh $(PEER_DIR)
 
-demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
+demo:
+	@echo "demo: building the library, the stand-in driver and the probe$(QUIET_NOTE)"
+	@$(QUIET_MAKE) $(LIB) $(FAKE) $(BUILD)/tests/probe
 	@IPCCACHE_LIB=$(abspath $(LIB)) BUILD=$(BUILD) bash tools/demo.sh
 
 # ---- packages -----------------------------------------------------------------

@@ -76,6 +76,11 @@ if [[ $build != *sanitize* && -f $lib && -x $build/tests/probe ]]; then
     check "docs: make demo's last line is its result (DEMO_ITERS=50 here) and it explains real_closes" \
         eval 'tail -n 1 "$tmp/diff" | grep -q "^demo: result: 50 opens of one handle made 50 driver maps without ipccache and 1 with it (49 hits)" &&
               grep -q "real_closes is 0" "$tmp/diff"'
+    # make demo as make test: a line for the build, no command lines (V=1 shows them).
+    DEMO_SIMULATED=1 DEMO_ITERS=50 make --no-print-directory demo BUILD="$build" >"$tmp/diff" 2>&1
+    check "docs: make demo says its build in one line, no commands, and ends with its result" \
+        eval '[[ $(head -n 1 "$tmp/diff") == "demo: building the library, the stand-in driver and the probe (V=1 shows the commands)" ]] &&
+              ! grep -qE "^(cc|gcc|make)( |\[|:)" "$tmp/diff" && tail -n 1 "$tmp/diff" | grep -q "^demo: result: 50 opens"'
 else
     skip "docs: make demo's result" "make test runs it (plain build)"
 fi
