@@ -10,7 +10,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=tests/tap.sh
 . "$root/tests/tap.sh"
 
-tap_setup gpu_skip
+tap_setup gpu-skip
 TAP_SHOW="$tmp/out"
 build=${IPCC_TEST_BUILD:-build}
 [[ $build == /* ]] || build=$root/$build
@@ -38,4 +38,4 @@ else
     not_ok "make test-gpu, bench, peer: $build/libipccache.so is not built"
 fi
 
-tap_summary gpu_skip
+tap_summary gpu-skip
