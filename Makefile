@@ -11,7 +11,7 @@
 #   make check-exports   the library exports only the intercepted names
 #   make fuzz            the differential fuzzer, SEEDS=1000 from FIRST=1
 #   make mutants         one-spot bugs of shim/ (tests/fuzz/mutants.txt): each must be caught
-#   make test-gpu        prove it on a real GPU (says so when there is none)
+#   make test-gpu        prove it on a real GPU (without one: skipped, exit status 77)
 #   make bench           benchmarks on a real GPU
 #   make bench-standin   the RL weight sync's VMM calls on the stand-in: the library's own cost
 #   make peer            PyTorch's and numba's own IPC tests, without and with the cache
@@ -52,8 +52,17 @@ LEDGER_SRC = shim/ledger/ledger.c shim/ledger/ledger_request.c
 # The settings parser and what it needs (also ipccache-config).
 BASE_SRC   = shim/base/config.c shim/base/log.c shim/base/fmt.c
 # The dlsym trampoline is assembly, one file per architecture.
-ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
+ARCH     := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine 2>/dev/null)))
 TRAMPOLINE = $(BUILD)/shim/entry/dlsym_$(ARCH).o
+# A compiler that does not run says nothing of its target: name its package.
+CC_NAME  = $(notdir $(firstword $(CC)))
+CC_DEB_cc = build-essential
+CC_DEB_gcc = build-essential
+CC_DEB_aarch64-linux-gnu-gcc = gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+CC_DEB_x86_64-linux-gnu-gcc  = gcc-x86-64-linux-gnu libc6-dev-amd64-cross
+ifeq ($(ARCH),)
+$(error the C compiler $(CC) is not installed (or does not run)$(if $(CC_DEB_$(CC_NAME)),; on Debian or Ubuntu: apt-get install $(CC_DEB_$(CC_NAME))))
+endif
 ifeq ($(wildcard shim/entry/dlsym_$(ARCH).S),)
 $(error ipccache supports x86_64 and aarch64; $(CC) targets $(ARCH))
 endif
@@ -122,11 +131,12 @@ $(LIB): $(SHIM_OBJ) shim/entry/ipccache.map
 
 # The library's settings parser as a command (ipccache-run checks with it).
 # Static: it then runs on any glibc (an executable's start-up code needs the
-# glibc it was linked with) and needs no library at all.
+# glibc it was linked with) and needs no library at all. --wrap: --check
+# counts the library's messages.
 $(CONFIG_TOOL): tools/ipccache_config.c $(BASE_SRC) $(wildcard shim/*.h shim/*/*.h) | prereqs
 	@mkdir -p $(@D)
 	$(CC) $(filter-out -fsanitize=% -fno-sanitize-recover=%,$(ALL_CFLAGS)) -static -o $@ \
-	    tools/ipccache_config.c $(BASE_SRC)
+	    tools/ipccache_config.c $(BASE_SRC) -Wl,--wrap=ipcc_log
 
 # ---- tests ------------------------------------------------------------------
 
@@ -228,11 +238,16 @@ $(BUILD)/tests/fuzz: tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_led
                      tests/standin/fake_cuda.h tests/standin/fake_vmm.h $(FAKE)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_ledger.c -ldl -lpthread
 
+# make test and make demo: one line per step; the build's command lines only
+# with V=1 (its warnings and errors always).
+QUIET_MAKE = $(MAKE) --no-print-directory $(if $(V),,--silent)
+QUIET_NOTE = $(if $(V),, (V=1 shows the commands))
+
 # Installs missing Debian packages first (as root), then builds and runs.
-# The build's command lines are not shown (its warnings and errors are).
 test:
 	@bash tests/setup.sh
-	@$(MAKE) --no-print-directory --silent test-programs
+	@echo "test: building the library, the stand-in driver and the test programs$(QUIET_NOTE)"
+	@$(QUIET_MAKE) test-programs
 	@$(MAKE) --no-print-directory run-tests
 
 run-tests: test-programs
@@ -285,6 +300,7 @@ test-gpu:
 
 bench:
 	@$(BUILT_LIB)
+	@bash tools/need_gpu.sh bench
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench/bench.sh
 
 # No GPU: the stand-in driver plays it; three runs without and with the library, alternating;
@@ -320,7 +336,9 @@ peer:
 peer-fetch:
 	@bash tools/sglang_peer/fetch.sh $(PEER_DIR)
 
-demo: $(LIB) $(FAKE) $(BUILD)/tests/probe
+demo:
+	@echo "demo: building the library, the stand-in driver and the probe$(QUIET_NOTE)"
+	@$(QUIET_MAKE) $(LIB) $(FAKE) $(BUILD)/tests/probe
 	@IPCCACHE_LIB=$(abspath $(LIB)) BUILD=$(BUILD) bash tools/demo.sh
 
 # ---- packages -----------------------------------------------------------------

@@ -8,23 +8,48 @@
  *   ipccache-config --list | --markdown  the settings table
  *
  * --check reports exactly what the library would at its first IPC call: a
- * warning per bad value, or with IPCCACHE_STRICT on an error and exit
+ * warning per bad value or unknown name, and then exits 1 (a start check
+ * fails on it), or with IPCCACHE_STRICT on the library's error and exit
  * status 78. --check-value exits 1 and says what was expected on a bad
  * value, 2 on an unknown name.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "base.h"
 
 #define EX_USAGE_STATUS 2
+#define EX_BAD_SETTING 1
+
+/* The library's messages pass through here (linked with
+ * --wrap=ipcc_log): each warning or error of the settings' load is one
+ * problem, counted whether or not IPCCACHE_LOG shows it. */
+void __real_ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void __wrap_ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static unsigned problems;
+
+void __wrap_ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    problems += level <= IPCC_LOG_WARN;
+    __real_ipcc_log(level, "%s", text);
+}
 
 static int usage(FILE *to, int status)
 {
     fputs("Usage: ipccache-config --check\n"
           "       ipccache-config --check-value NAME VALUE\n"
           "       ipccache-config --list | --markdown\n"
-          "Checks IPCCACHE_* settings with the library's own parser, or prints them.\n",
+          "Checks IPCCACHE_* settings with the library's own parser, or prints them.\n"
+          "--check: the library's message for each bad value or unknown name, then exit\n"
+          "status 1 (78 with IPCCACHE_STRICT on, as the library); 0 when all are good.\n",
           to);
     return status;
 }
@@ -77,7 +102,7 @@ int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--check") == 0) {
         ipcc_config_load(); /* exits 78 itself when strict */
-        return 0;
+        return problems ? EX_BAD_SETTING : 0;
     }
     if (argc == 4 && strcmp(argv[1], "--check-value") == 0)
         return check_value(argv[2], argv[3]);

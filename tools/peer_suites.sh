@@ -44,8 +44,8 @@
 #   PEER_RUNNER   pytest or unittest (default pytest when importable)
 #   PEER_TIMEOUT  seconds allowed per run (default 300)
 #   PYTHON        default python3
-# Exit status: 0 every outcome the same (or no GPU), 1 an outcome differs or a
-# suite reported nothing, 2 a setup error.
+# Exit status: 0 every outcome the same, 1 an outcome differs or a suite
+# reported nothing, 2 a setup error, 77 no GPU (skipped).
 set -u -o pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -201,11 +201,8 @@ run_numba() {
     run_suite "$name" -- "${RECORD[@]}" unittest "$module"
 }
 
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-if [ "${NGPU:-0}" -lt 1 ]; then
-    note "no NVIDIA GPU found; skipping"
-    exit 0
-fi
+bash "$(dirname "${BASH_SOURCE[0]}")/need_gpu.sh" peer || exit $?
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 if [ ! -f "$LIB" ]; then
     echo "peer: $LIB not found (build it first, or set IPCCACHE_LIB)" >&2
     exit 2

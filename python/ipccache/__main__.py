@@ -1,9 +1,10 @@
-"""python -m ipccache run|stats|lib, and the console scripts.
+"""python -m ipccache run|stats|config|lib, and the console scripts.
 
-    python -m ipccache lib            print the library's path
-                                      (LD_PRELOAD=$(python -m ipccache lib) ...)
-    python -m ipccache run ARGS...    same as ipccache-run ARGS...
-    python -m ipccache stats ARGS...  same as ipccache-stats ARGS...
+    python -m ipccache lib             print the library's path
+                                       (LD_PRELOAD=$(python -m ipccache lib) ...)
+    python -m ipccache run ARGS...     same as ipccache-run ARGS...
+    python -m ipccache stats ARGS...   same as ipccache-stats ARGS...
+    python -m ipccache config ARGS...  same as ipccache-config ARGS...
 
 The tools are the packaged scripts themselves, run in place of this process.
 """
@@ -34,15 +35,23 @@ def stats_tool(args=None):
     _exec([sys.executable, tool_path("ipccache-stats")] + list(args))
 
 
+def config_tool(args=None):
+    """ipccache-config: the library's settings parser, a static executable."""
+    args = sys.argv[1:] if args is None else args
+    _exec([tool_path("ipccache-config")] + list(args))
+
+
+# The commands of python -m ipccache, each with its console script's function.
+COMMANDS = {"run": run_tool, "stats": stats_tool, "config": config_tool}
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["lib"] and len(argv) == 1:
         print(library_path())
         return 0
-    if argv[:1] == ["run"]:
-        return run_tool(argv[1:])
-    if argv[:1] == ["stats"]:
-        return stats_tool(argv[1:])
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:])
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         return 0

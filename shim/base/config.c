@@ -69,7 +69,8 @@ int ipcc_parse_count(const char *s, uint64_t *out)
     return 0;
 }
 
-/* Bytes with an optional K/M/G/T suffix (powers of 1024), "B"/"iB" allowed. */
+/* Bytes with an optional K/M/G/T suffix (powers of 1024), either case, alone
+ * or with "i"/"iB". "GB" is refused: 10^9 to some, 2^30 to others. */
 int ipcc_parse_size(const char *s, uint64_t *out)
 {
     static const char units[] = "KMGT";
@@ -84,10 +85,11 @@ int ipcc_parse_size(const char *s, uint64_t *out)
             return -1;
         shift = 10 * (unsigned)(u - units + 1);
         end++;
-        if (*end == 'i' || *end == 'I')
+        if (*end == 'i' || *end == 'I') {
             end++;
-        if (*end == 'b' || *end == 'B')
-            end++;
+            if (*end == 'b' || *end == 'B')
+                end++;
+        }
     }
     if (*end != '\0' || (shift && v > (UINT64_MAX >> shift)))
         return -1;
@@ -245,7 +247,8 @@ static const struct ipcc_setting settings[] = {
     { "IPCCACHE_MAX_IDLE_BYTES", set_idle_bytes, "a size such as 8G, 512M or 1048576", "8G",
       "Most bytes kept mapped with no reference, legacy IPC mappings and VMM imports together;"
       " past it the least recently used idle ones, of either kind, are really closed."
-      " Suffixes K, M, G, T (powers of 1024). 0 keeps nothing idle." },
+      " Suffixes K, M, G, T, either case, alone or with i or iB: powers of 1024 (16G = 16g ="
+      " 16GiB). KB, MB, GB, TB are refused (SI or binary?). 0 keeps nothing idle." },
     { "IPCCACHE_MAX_IDLE_ENTRIES", set_idle_entries, "a non-negative integer", "4096",
       "Most idle mappings and VMM imports kept, together; same eviction." },
     { "IPCCACHE_LOG", set_log, "one of error, warn, info, debug", "warn",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh - real-CUDA checks of ipccache (`make test-gpu`).
 #
-# Needs an NVIDIA GPU; without one it says so and exits 0.  Builds
+# Needs an NVIDIA GPU; without one it says so and exits 77 (skipped).  Builds
 # tests/gpu/ipc_pair.cu with nvcc (cudart static and shared), ctx_teardown.cu,
 # ctx_ids.c and the VMM programs (vmm_errors.cu, vmm_rebuild.c, vmm_ghost.c) into build/gpu/, runs every program
 # once without and once with the shim, and compares.  PyTorch runs twice:
@@ -51,11 +51,8 @@ check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name"; f
 
 gpu_count() { nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true; }
 
+bash tools/need_gpu.sh test-gpu || exit $?
 NGPU=$(gpu_count)
-if [ "${NGPU:-0}" -lt 1 ]; then
-    echo "test-gpu: no NVIDIA GPU found; skipping"
-    exit 0
-fi
 
 if [ ! -f "$LIB" ]; then
     echo "test-gpu: $LIB not found (build it first, or set IPCCACHE_LIB)" >&2

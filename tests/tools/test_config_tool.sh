@@ -30,11 +30,24 @@ fi
 capture "$config" --check
 check "config: an empty environment is fine" eval 'rc_is 0 && err_is ""'
 capture env IPCCACHE_MAX_IDLE_BYTES=banana "$config" --check
-check "config: a bad value warns like the library and exits 0" eval 'rc_is 0 && err_is \
+check "config: a bad value warns like the library and exits 1 (a start check fails)" eval 'rc_is 1 && err_is \
 "ipccache: warning: IPCCACHE_MAX_IDLE_BYTES=\"banana\" is invalid: expected a size such as 8G, 512M or 1048576; using the default (8G)"'
+capture env IPCCACHE_MAX_IDLE_BYTES=16X "$config" --check
+check "config: --check exits 1 on a bad size without IPCCACHE_STRICT" rc_is 1
+capture env IPCCACHE_MAX_IDLE_BYTES=16GB "$config" --check
+check "config: 16GB (SI or binary?) is refused with the usual warning naming the default" eval 'rc_is 1 &&
+    grep -qF "IPCCACHE_MAX_IDLE_BYTES=\"16GB\" is invalid: expected a size such as 8G, 512M or 1048576; using the default (8G)" "$tmp/err"'
+capture env IPCCACHE_MAX_IDLE_BYTES=16g "$config" --check
+check "config: 16g is taken (either case)" eval 'rc_is 0 && err_is ""'
+capture env IPCCACHE_LOG=error IPCCACHE_RELEASE_WAIT_MS=-1 "$config" --check
+check "config: --check exits 1 on a bad value the log level hides" eval 'rc_is 1 && err_is ""'
+capture env IPCCACHE_STRICT=maybe "$config" --check
+check "config: --check exits 1 on a bad IPCCACHE_STRICT" rc_is 1
 capture env IPCCACHE_MAX_IDLE_BYTE=1G "$config" --check
-check "config: a misspelled variable is one warning naming the setting" eval 'rc_is 0 && err_is \
+check "config: a misspelled variable is one warning naming the setting, exit 1" eval 'rc_is 1 && err_is \
 "ipccache: warning: IPCCACHE_MAX_IDLE_BYTE is not a setting (did you mean IPCCACHE_MAX_IDLE_BYTES?); ignored"'
+capture env IPCCACHE_MAX_IDLE_BYTES=16G IPCCACHE_VMM=0 IPCCACHE_LOG=info "$config" --check
+check "config: good values pass --check (0)" eval 'rc_is 0 && err_is ""'
 capture env IPCCACHE_LIB=/x IPCCACHE_STATS_LIBNAME=y "$config" --check
 check "config: the tools' own variables are not misspellings" eval 'rc_is 0 && err_is ""'
 capture env IPCCACHE_STRICT=1 IPCCACHE_LOG=bogus "$config" --check
@@ -54,6 +67,33 @@ check "config: usage error exits 2" rc_is 2
 
 # ipccache-run: a harmless library to preload.
 so=$root/build/tests/libcuda.so.1
+
+# One ipccache-run option for each setting of config.c's table: --help names
+# each variable in brackets once, and no other; each option, run, sets it
+# ([NAME=V]: a flag; else the table's default, or a path for those unset).
+"$run_tool" --help | awk '/^  --/ { if (o) print o; o = $0; next } /^   / { o = o " " $0 }
+    END { print o }' >"$tmp/help"
+grep -oE '\[IPCCACHE_[A-Z_]+' "$tmp/help" | tr -d '[' | sort >"$tmp/help_names"
+"$config" --list | cut -f1 | sort >"$tmp/table_names"
+check "run: one option for each setting of ipccache-config --list, and no other" \
+    cmp -s "$tmp/help_names" "$tmp/table_names"
+unset_value() { case $1 in IPCCACHE_STATS_FILE) echo "$tmp/stats.%p" ;; *) echo "$tmp" ;; esac; }
+if [[ -f $so ]]; then
+    # OPTION|NAME|FLAG VALUE ('|': tabs would merge an empty field)
+    sed -nE 's/^  (--[a-z-]+).*\[(IPCCACHE_[A-Z_]+)(=([^]]+))?\].*/\1|\2|\4/p' "$tmp/help" >"$tmp/options"
+    while IFS='|' read -r opt var flag; do
+        value=$flag args=("$opt")
+        if [[ -z $flag ]]; then
+            value=$("$config" --list | awk -F'\t' -v n="$var" '$1 == n { print $2 }')
+            [[ $value == unset ]] && value=$(unset_value "$var")
+            args=("$opt" "$value")
+        fi
+        capture env -u "$var" "$run_tool" --lib "$so" "${args[@]}" env
+        # (not $name: check's own local)
+        check "run: ${args[*]} sets $var=$value" eval 'rc_is 0 && grep -qxF "$var=$value" "$tmp/out"'
+    done <"$tmp/options"
+fi
+
 if [[ -f $so ]]; then
     capture env IPCCACHE_MAX_IDLE_BYTES=banana "$run_tool" --lib "$so" --strict /bin/true
     check "run: --strict: a bad inherited variable exits 78" eval 'rc_is 78 && grep -q \

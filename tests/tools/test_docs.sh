@@ -76,8 +76,33 @@ if [[ $build != *sanitize* && -f $lib && -x $build/tests/probe ]]; then
     check "docs: make demo's last line is its result (DEMO_ITERS=50 here) and it explains real_closes" \
         eval 'tail -n 1 "$tmp/diff" | grep -q "^demo: result: 50 opens of one handle made 50 driver maps without ipccache and 1 with it (49 hits)" &&
               grep -q "real_closes is 0" "$tmp/diff"'
+    # make demo as make test: a line for the build, no command lines (V=1 shows them).
+    DEMO_SIMULATED=1 DEMO_ITERS=50 make --no-print-directory demo BUILD="$build" >"$tmp/diff" 2>&1
+    check "docs: make demo says its build in one line, no commands, and ends with its result" \
+        eval '[[ $(head -n 1 "$tmp/diff") == "demo: building the library, the stand-in driver and the probe (V=1 shows the commands)" ]] &&
+              ! grep -qE "^(cc|gcc|make)( |\[|:)" "$tmp/diff" && tail -n 1 "$tmp/diff" | grep -q "^demo: result: 50 opens"'
 else
     skip "docs: make demo's result" "make test runs it (plain build)"
+fi
+
+# --- the README's no-GPU example ------------------------------------------------
+# Its sh block: no export (on a GPU host the stand-in would shadow the real
+# libcuda in every later command), and its first command, run from the root
+# (with the build of this run), prints what the README says.
+awk '/^### See it work without a GPU/ { on = 1 } on && /^```sh/ { code = 1; next }
+     code && /^```/ { exit } code' README.md >"$tmp/example"
+check "docs: the no-GPU example sets its variables per command (env), never export" \
+    eval '[[ -s $tmp/example ]] && ! grep -qE "(^|[;&|] *)export " "$tmp/example"'
+if [[ $build == *sanitize* ]]; then
+    skip "docs: the no-GPU example's first command" "make test runs it (plain build)"
+elif [[ -f $lib && -x $build/tests/probe ]]; then
+    first=$(awk '{ if (sub(/\\$/, "")) { buf = buf $0; next } print buf $0; exit }' "$tmp/example" |
+        sed "s#\$PWD/build#$build#g")
+    bash -c "$first" >"$tmp/diff" 2>&1
+    check "docs: the no-GPU example's first command prints maps=1 and the stats line" \
+        eval 'grep -qx "maps=1" "$tmp/diff" && grep -q "\"hits\":99," "$tmp/diff"'
+else
+    not_ok "docs: the no-GPU example: $lib or $build/tests/probe is not built"
 fi
 
 # --- one version --------------------------------------------------------------

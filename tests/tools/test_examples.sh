@@ -61,4 +61,25 @@ else
     not_ok "examples: textfile: $build/tests/probe or the library is not built"
 fi
 
+# The start check, as the Dockerfile's RUN and the pod's startupProbe write it,
+# with the built ipccache-config on the PATH: a bad value fails, good ones pass.
+start_check() {  # NAME COMMAND...
+    local name=$1; shift
+    env PATH="$root/build:$PATH" IPCCACHE_MAX_IDLE_BYTES=16X "$@" >"$tmp/out" 2>&1
+    check "examples: $name fails on a bad value (exit 1)" test $? -eq 1
+    env PATH="$root/build:$PATH" IPCCACHE_MAX_IDLE_BYTES=16G "$@" >"$tmp/out" 2>&1
+    check "examples: $name passes good values" test $? -eq 0
+}
+run_line=$(sed -n 's/^RUN \(ipccache-config .*\)$/\1/p' "$ex/Dockerfile")
+check "examples: the Dockerfile runs the start check" test -n "$run_line"
+[[ -n $run_line ]] && start_check "the Dockerfile's RUN $run_line" sh -c "$run_line"
+if python3 -c 'import yaml' 2>/dev/null; then
+    mapfile -t probe < <(python3 -c 'import sys, yaml
+pod = yaml.safe_load(open(sys.argv[1]))
+print("\n".join(pod["spec"]["containers"][0]["startupProbe"]["exec"]["command"]))' "$ex/pod.yaml")
+    check "examples: pod.yaml's startupProbe is ipccache-config --check" \
+        test "${probe[*]:-}" = "ipccache-config --check"
+    (( ${#probe[@]} )) && start_check "the startupProbe" "${probe[@]}"
+fi
+
 tap_summary examples

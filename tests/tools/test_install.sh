@@ -28,8 +28,9 @@ for f in lib/libipccache.so bin/ipccache-run bin/ipccache-stats bin/ipccache-con
     check "install: $f" test -f "$dest/usr/local/$f"
 done
 run_make uninstall "$dest"
+rc=$?
 check "uninstall: removes the files and every folder it made, the prefix's own included" \
-    eval '[[ $? == 0 && ! -e $dest/usr && -d $dest ]]'
+    eval '[[ $rc == 0 && ! -e $dest/usr && -d $dest ]]'
 
 # Folders that were there before stay, with what else they hold.
 dest=$tmp/shared

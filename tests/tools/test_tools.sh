@@ -307,11 +307,30 @@ stats --version; check "stats: --version" out_has "ipccache-stats "
 
 new_case
 start_fake 1 --lib "$lib" --comm fakeone
-stats "$fake"
+env -u COLUMNS IPCCACHE_STATS_LIBNAME=$LIBNAME "$PY" "$STATS_TOOL" "$fake" >"$tmp/out" 2>"$tmp/err"
+rc=$?
 check "stats: table for one process exits 0" rc_is 0
 check "stats: table shows pid and command" grep -qE "^ *$fake +fakeone " "$tmp/out"
-check "stats: table shows opens, hits, hit rate, VMM imports and maps, idle bytes, saved ms" \
-    grep -qE "fakeone +10 +8 +80\.0 +2 +2 +0 +30 +29 +30 +28 +0 +2 +1\.0G +1 +0 +0\.8$" "$tmp/out"
+check "stats: to a pipe, the main columns: opens, hits, rate, VMM hits, saved, idle, VMM calls, real opens" \
+    eval '[[ $(head -n 1 "$tmp/out" | xargs) == "PID COMMAND OPENS HITS HIT% REAL_OPENS VMM_IMPORTS VMM_IMPORT_HITS VMM_MAPS VMM_MAP_HITS IDLE_BYTES SAVED_MS" ]] &&
+    grep -qE "fakeone +10 +8 +80\.0 +2 +30 +29 +30 +28 +1\.0G +0\.8$" "$tmp/out"'
+for cols in 80 60; do
+    COLUMNS=$cols stats "$fake"
+    check "stats: COLUMNS=$cols: the table fits" eval '[[ $(awk "length > $cols" "$tmp/out") == "" ]]'
+done
+COLUMNS=20 stats "$fake"
+check "stats: COLUMNS=20: PID, COMMAND and HITS however narrow" \
+    eval '[[ $(head -n 1 "$tmp/out" | xargs) == "PID COMMAND HITS" ]]'
+COLUMNS=80 stats "$fake"
+check "stats: COLUMNS=80 keeps hits, rate, the VMM hits and the time saved" eval \
+    '[[ $(head -n 1 "$tmp/out" | xargs) == "PID COMMAND OPENS HITS HIT% VMM_IMPORT_HITS VMM_MAP_HITS SAVED_MS" ]]'
+COLUMNS=80 stats --wide "$fake"
+check "stats: --wide: every column, whatever COLUMNS says" eval '[[ $(head -n 1 "$tmp/out" | wc -w) == 18 ]] &&
+    grep -qE "fakeone +10 +8 +80\.0 +2 +2 +0 +30 +29 +30 +28 +0 +2 +1\.0G +1 +0 +0\.8$" "$tmp/out"'
+COLUMNS=wide stats "$fake"
+check "stats: a COLUMNS that is not a number is ignored" eval '[[ $(head -n 1 "$tmp/out" | wc -w) == 12 ]]'
+stats --wide --json "$fake"
+check "stats: --wide goes with the table only" rc_is 2
 check "stats: no TOTAL row for one process" bash -c "! grep -q TOTAL '$tmp/out'"
 check "stats: request file removed afterwards" no_stats_files
 stats --json "$fake"
@@ -339,7 +358,7 @@ py -c 'import json,sys; print(" ".join(sorted(json.load(open(sys.argv[1]))["tota
 stats --json "$one"
 check "stats: --json total has one key set, with no process as with one (the fake's own extra aside)" \
     json_true "sorted(k for k in doc['total'] if k != 'future_counter') == open('$tmp/none').read().split() and 'vmm_import_hits' in doc['total']"
-stats "$one" "$two"
+stats --wide "$one" "$two"
 check "stats: table has a TOTAL row" grep -qE "^ *TOTAL +30 +24 +80\.0 +6 " "$tmp/out"
 check "stats: table shows the command name as is" out_has 'we"ird\name'
 stats --prometheus "$one" "$two"

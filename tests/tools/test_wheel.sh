@@ -3,8 +3,9 @@
 # test_wheel.sh - the pip wheel: make wheel builds it (pip fetches the build
 # backend, hatchling), auditwheel finds it consistent with its manylinux
 # tag, and installed into a fresh virtual environment it works: the console
-# scripts, python -m ipccache, ipccache.library_path(), and one cached open
-# through the stand-in driver with the installed library.
+# scripts (every command the README names), python -m ipccache,
+# ipccache.library_path(), and one cached open through the stand-in driver
+# with the installed library.
 #
 # Run by make test (build); under make test-sanitize it is skipped, the
 # wheel being the plain build. Without access to the package index it skips
@@ -25,6 +26,13 @@ fi
 tap_setup wheel
 PY=${PYTHON:-python3}
 TAP_SHOW="$tmp/out $tmp/err"
+
+# A cross compiler that is not installed: make says so and names its package.
+CC=$tmp/none/aarch64-linux-gnu-gcc make --no-print-directory -C "$root" wheel BUILD="$tmp/none" \
+    >"$tmp/out" 2>"$tmp/err"
+cc_rc=$?
+check "wheel: a missing CC is named with its Debian package" eval '[[ $cc_rc != 0 ]] && grep -qF \
+"the C compiler $tmp/none/aarch64-linux-gnu-gcc is not installed (or does not run); on Debian or Ubuntu: apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross" "$tmp/err"'
 offline='Could not find a version|NewConnectionError|Network is unreachable|Temporary failure in name resolution|No matching distribution'
 
 # The tag the library's glibc needs allow (see shim/base/glibc_floor.h).
@@ -62,7 +70,8 @@ else
 fi
 
 "$venv/bin/ipccache-run" /bin/echo hi >"$tmp/out" 2>"$tmp/err"
-check "wheel: ipccache-run /bin/echo hi" eval '[[ $? == 0 && $(cat "$tmp/out") == hi && ! -s "$tmp/err" ]]'
+rc=$?
+check "wheel: ipccache-run /bin/echo hi" eval '[[ $rc == 0 && $(cat "$tmp/out") == hi && ! -s "$tmp/err" ]]'
 site_lib=$("$venv/bin/python" -m ipccache lib 2>"$tmp/err")
 check "wheel: python -m ipccache lib is the installed library" \
     eval '[[ $site_lib == "$venv"/lib/python*/site-packages/ipccache/lib/libipccache.so && -f $site_lib ]]'
@@ -83,7 +92,26 @@ fi
 check "wheel: the library is stripped (no debug information)" \
     eval '! readelf -S --wide "$site_lib" | grep -q "\.debug_info"'
 "$venv/bin/ipccache-stats" --version >"$tmp/out" 2>"$tmp/err"
-check "wheel: ipccache-stats" eval '[[ $? == 0 && -s "$tmp/out" ]]'
+rc=$?
+check "wheel: ipccache-stats" eval '[[ $rc == 0 && -s "$tmp/out" ]]'
+# Every command the README names, on the environment's PATH, and every
+# python -m ipccache command it lists ("python -m ipccache run|stats|...").
+for cmd in $(grep -oE '`ipccache-[a-z]+' "$root/README.md" | tr -d '`' | sort -u); do
+    PATH="$venv/bin:/usr/bin:/bin" "$cmd" --help >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    check "wheel: $cmd --help from the environment's bin/ (the README names it)" \
+        eval '[[ $rc == 0 && -s "$tmp/out" && -x $venv/bin/$cmd ]]'
+done
+subs=$(grep -oE 'python -m ipccache [a-z|]+' "$root/README.md" | grep '|' | head -n 1 | cut -d' ' -f4)
+check "wheel: the README lists python -m ipccache's commands" test -n "$subs"
+for sub in ${subs//|/ }; do
+    [[ $sub == lib ]] && continue   # checked above: it takes no option
+    "$venv/bin/python" -m ipccache "$sub" --help >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    check "wheel: python -m ipccache $sub --help" eval '[[ $rc == 0 && -s "$tmp/out" ]]'
+done
+env IPCCACHE_MAX_IDLE_BYTES=16X "$venv/bin/ipccache-config" --check >"$tmp/out" 2>"$tmp/err"
+check "wheel: ipccache-config --check fails on a bad value (exit 1)" test $? -eq 1
 env IPCCACHE_MAX_IDLE_BYTES=banana "$venv/bin/ipccache-run" --strict /bin/true >"$tmp/out" 2>"$tmp/err"
 check "wheel: ipccache-run checks settings with the packaged ipccache-config" test $? -eq 78
 
@@ -104,9 +132,10 @@ else
 fi
 
 # The main job: opens of one handle under the installed library hit the cache.
-probe=$root/$build/tests/probe
+[[ $build == /* ]] || build=$root/$build
+probe=$build/tests/probe
 if [[ -x $probe && -f $site_lib ]]; then
-    LD_LIBRARY_PATH=$root/$build/tests LD_PRELOAD=$site_lib IPCCACHE_STATS_AT_EXIT=1 \
+    LD_LIBRARY_PATH=$build/tests LD_PRELOAD=$site_lib IPCCACHE_STATS_AT_EXIT=1 \
         IPCCACHE_STATS_FILE="$tmp/stats" "$probe" openclose 5 >"$tmp/out" 2>"$tmp/err"
     check "wheel: a cached open through the stand-in driver (1 map for 5 opens)" \
         eval 'grep -qx "maps=1" "$tmp/out" && grep -q "\"hits\":4," "$tmp/stats"'

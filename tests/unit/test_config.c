@@ -25,7 +25,8 @@ Test(config, booleans, .timeout = 10)
     cr_assert_eq(ipcc_parse_bool("2", &v), -1);
 }
 
-/* Sizes: plain bytes or K/M/G/T (1024-based), optional "iB"/"B"; no junk. */
+/* Sizes: plain bytes or K/M/G/T (1024-based), either case, alone or with
+ * "i" or "iB"; "GB" (SI or binary?) refused; no junk. */
 Test(config, sizes, .timeout = 10)
 {
     uint64_t v = 0;
@@ -37,6 +38,20 @@ Test(config, sizes, .timeout = 10)
     cr_assert_eq(v, 512ULL << 20);
     cr_assert_eq(ipcc_parse_size("2k", &v), 0);
     cr_assert_eq(v, 2048);
+    cr_assert_eq(ipcc_parse_size("16g", &v), 0);
+    cr_assert_eq(v, 16ULL << 30);
+    cr_assert_eq(ipcc_parse_size("16Gi", &v), 0);
+    cr_assert_eq(v, 16ULL << 30);
+    cr_assert_eq(ipcc_parse_size("1tib", &v), 0);
+    cr_assert_eq(v, 1ULL << 40);
+    v = 7;
+    cr_assert_eq(ipcc_parse_size("16GB", &v), -1, "GB: 10^9 or 2^30? refused");
+    cr_assert_eq(ipcc_parse_size("16gb", &v), -1);
+    cr_assert_eq(ipcc_parse_size("512MB", &v), -1);
+    cr_assert_eq(ipcc_parse_size("4kB", &v), -1);
+    cr_assert_eq(ipcc_parse_size("1024B", &v), -1);
+    cr_assert_eq(ipcc_parse_size("1Gib ", &v), -1);
+    cr_assert_eq(v, 7, "a refused size leaves the value");
     cr_assert_eq(ipcc_parse_size("12Q", &v), -1);
     cr_assert_eq(ipcc_parse_size("-1", &v), -1);
     cr_assert_eq(ipcc_parse_size("", &v), -1);
