@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -76,19 +77,28 @@ struct start {
     void *arg;
 };
 
+/* Raw read: under ASan this thread runs before the runtime knows it. */
 static void *held_start(void *p)
 {
     struct start s = *(struct start *)p;
     char c;
-    while (read(gate[0], &c, 1) < 0 && errno == EINTR)
+    while (real_syscall(SYS_read, gate[0], (long)&c, 1, 0, 0, 0) < 0 && errno == EINTR)
         ;
     return s.fn(s.arg);
 }
 
-static int is_ipccache(const void *addr)
+/* Whether ipccache calls, directly or through another interposer of
+ * pthread_create (ASan's, loaded first, hands us its own start routine). */
+static int called_by_ipccache(void)
 {
-    Dl_info info;
-    return addr && dladdr(addr, &info) && info.dli_fname && strstr(info.dli_fname, "libipccache");
+    void *frames[8];
+    int n = backtrace(frames, 8);
+    for (int i = 1; i < n; i++) {
+        Dl_info info;
+        if (dladdr(frames[i], &info) && info.dli_fname && strstr(info.dli_fname, "libipccache"))
+            return 1;
+    }
+    return 0;
 }
 
 /* Only the first thread ipccache creates is held; one start record serves. */
@@ -100,7 +110,7 @@ EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(
     if (!real)
         real = (int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *))dlsym(
             RTLD_NEXT, "pthread_create");
-    if (!is_ipccache(__builtin_return_address(0)) || atomic_exchange(&used, 1) ||
+    if (atomic_load(&used) || !called_by_ipccache() || atomic_exchange(&used, 1) ||
         pipe2(gate, O_CLOEXEC) != 0)
         return real(t, attr, fn, arg);
     start = (struct start){ fn, arg };
