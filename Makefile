@@ -185,6 +185,11 @@ $(BUILD)/tests/libwindow.so: tests/process/window_lib.c
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl
 
+# Holds back the start of ipccache's helper thread, for the late-helper tests.
+$(BUILD)/tests/libhelperhold.so: tests/process/helper_hold_lib.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl
+
 # An allocator with its own lock and fork handler, for a fork while a lock of
 # ipccache's is held across an allocation.
 $(BUILD)/tests/liballoclock.so: tests/process/alloc_lock_lib.c
@@ -217,9 +222,9 @@ $(BUILD)/tests/vmm_errors: tests/gpu/vmm_errors.cu tests/gpu/vmm_pair.h $(FAKE)
 # Exporter and importer of the release tests: linked with the stand-in
 # driver, run with the library preloaded; the test reads the stand-in's book.
 $(BUILD)/tests/ghost_peer: tests/process/ghost_peer.c $(FAKE)
-	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN'
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' -ldl
 
-$(BUILD)/tests/test_ghost: tests/process/test_ghost.c $(FAKE)
+$(BUILD)/tests/test_ghost: tests/process/test_ghost.c $(FAKE) $(BUILD)/tests/libhelperhold.so
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
 # The hit path's race check, built by tests/process/test_tsan.sh with ThreadSanitizer

@@ -32,6 +32,8 @@ IPCC_OLD_VERSION(dlerror);
 IPCC_OLD_VERSION(dlopen);
 IPCC_OLD_VERSION(dlvsym);
 IPCC_OLD_VERSION(pthread_create);
+IPCC_OLD_VERSION(pthread_detach);
+IPCC_OLD_VERSION(pthread_getcpuclockid);
 IPCC_OLD_VERSION(pthread_mutex_trylock);
 IPCC_OLD_VERSION(pthread_once);
 IPCC_OLD_VERSION(pthread_sigmask);

@@ -301,7 +301,8 @@ int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const vo
 
 /* ---- importers ------------------------------------------------------------ */
 
-/* Whether the slot's helper thread has started and still runs. Only a
+/* Whether the slot's helper thread exists and still runs (whether or not
+ * it was scheduled yet). Only a
  * live owner's slot is asked (its pid written last, after the helper word
  * was cleared), so a tid read here is its own. */
 int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid)
@@ -310,8 +311,9 @@ int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid)
     return tid != 0 && (syscall(SYS_tgkill, pid, tid, 0) == 0 || errno != ESRCH);
 }
 
-/* The helper started and is gone: its process exec()ed. A tid of 0 is a
- * helper still starting (its creator gives the slot back if it cannot). */
+/* The helper was named and is gone: its process exec()ed. A tid of 0 is a
+ * helper not named yet (its creator gives the slot back if it cannot
+ * start it). */
 static int helper_gone(struct ipcc_ledger_importer *s, int32_t pid)
 {
     return atomic_load(&s->helper) != 0 && !ipcc_ledger_helper_runs(s, pid);
@@ -365,28 +367,12 @@ int ipcc_ledger_register(void)
     return -2;
 }
 
-/* The helper word as a futex (any aligned 32-bit word is one). */
-static _Atomic uint32_t *helper_word(int slot)
+/* Names the slot's helper thread (by its creator, before it may have run:
+ * the thread exists from then on); from now on the slot is asked while
+ * that thread lives. */
+void ipcc_ledger_name_helper(int slot, int32_t tid)
 {
-    return (_Atomic uint32_t *)(void *)&ledger->importers[slot].helper;
-}
-
-/* Called on the helper thread itself: from now on the slot is asked, while
- * that thread runs. */
-void ipcc_ledger_helper_started(int slot)
-{
-    atomic_store_explicit(&ledger->importers[slot].helper, (int32_t)syscall(SYS_gettid),
-                          memory_order_release);
-    ipcc_futex_wake(helper_word(slot));
-}
-
-/* Until the slot's helper has named itself, at most about ns (in slices:
- * a wake-up may come early). */
-void ipcc_ledger_await_helper(int slot, uint64_t ns)
-{
-    enum { SLICES = 8 };
-    for (int i = 0; i < SLICES && atomic_load(&ledger->importers[slot].helper) == 0; i++)
-        ipcc_futex_wait(helper_word(slot), 0, ns / SLICES);
+    atomic_store_explicit(&ledger->importers[slot].helper, tid, memory_order_release);
 }
 
 /* Gives the slot back, if it is still ours. Never blocks (exit path). The

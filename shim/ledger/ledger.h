@@ -33,7 +33,7 @@ struct ipcc_ledger_importer {
     _Atomic uint32_t doorbell;    /* futex: bumped by exporters with news */
     _Atomic uint64_t start;       /* the owner's, once pid is positive */
     _Atomic uint32_t any;         /* holds handles of unknown exporters */
-    _Atomic int32_t helper;       /* its helper thread's tid; 0 until it runs */
+    _Atomic int32_t helper;       /* its helper thread's tid; 0 until named */
     _Atomic int32_t watch[IPCC_LEDGER_WATCH]; /* exporters whose handles it holds */
     _Atomic uint32_t acked[IPCC_LEDGER_REQUESTS]; /* generation last answered */
 };
@@ -76,8 +76,8 @@ _Static_assert(IPCC_LEDGER_IMPORTERS <= 64, "expected is a 64-bit mask");
 IPCC_HIDDEN struct ipcc_ledger_file *ipcc_ledger_file(void);
 
 /* Whether importer slot s, owned by the live process pid, can answer: its
- * helper thread has started and still runs (an exec() ends it and keeps
- * the slot). */
+ * helper thread was named and still lives, run yet or not (an exec() ends
+ * it and keeps the slot). */
 IPCC_HIDDEN int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid);
 
 /* Futex words live in a shared file mapping: never the private variant. */

@@ -169,15 +169,9 @@ static void relax_capture_mode(void)
         ipcc_driver()->thread_capture_mode(&mode);
 }
 
-/* Exporters ask a slot only once its helper named itself there: the
- * first watch waits for that (microseconds; bounded, and a helper slower
- * than that is not asked until it runs). */
-#define NAMING_WAIT_NS (1000ULL * 1000 * 1000)
-
 static void *helper_main(void *arg)
 {
     int me = (int)(intptr_t)arg;
-    ipcc_ledger_helper_started(me);
     relax_capture_mode();
     uint64_t last_check = ipcc_now_ns();
     while (!atomic_load(&exiting)) {
@@ -192,24 +186,42 @@ static void *helper_main(void *arg)
     return NULL;
 }
 
-/* Detached, and deaf to every signal: the program's handlers run on its
- * own threads as before. The caller's mask is restored at once. 0, or the
- * error of pthread_create. */
+/* The kernel's id of thread t, which exists once pthread_create returned
+ * (scheduled yet or not), without waiting for it to run: its CPU-time
+ * clock id encodes it, by the kernel's ABI (~tid << 3 | per-thread 4 |
+ * sched 2) that glibc, musl and bionic compute it with. 0 if it does not. */
+static int32_t tid_of(pthread_t t)
+{
+    clockid_t clock;
+    if (pthread_getcpuclockid(t, &clock) != 0 || (clock & 7) != 6)
+        return 0;
+    long tid = ~((long)clock >> 3);
+    return tid > 0 && tid <= INT32_MAX ? (int32_t)tid : 0;
+}
+
+/* Deaf to every signal: the program's handlers run on its own threads as
+ * before. The caller's mask is restored at once. Joinable until named, so
+ * that t stays valid. Exporters ask the slot from the naming on, and wait
+ * for it as for any slow helper: the first miss never waits for the thread
+ * to be scheduled. 0, or the error of pthread_create. */
 static int start_helper(int me)
 {
     sigset_t all, saved;
     pthread_t t;
-    pthread_attr_t attr;
     sigfillset(&all);
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_sigmask(SIG_SETMASK, &all, &saved);
-    int rc = pthread_create(&t, &attr, helper_main, (void *)(intptr_t)me);
+    int rc = pthread_create(&t, NULL, helper_main, (void *)(intptr_t)me);
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
-    pthread_attr_destroy(&attr);
-    if (rc == 0)
-        ipcc_ledger_await_helper(me, NAMING_WAIT_NS);
-    return rc;
+    if (rc != 0)
+        return rc;
+    int32_t tid = tid_of(t);
+    pthread_detach(t);
+    if (tid)
+        ipcc_ledger_name_helper(me, tid);
+    else /* never asked: as without the ledger, the caps bound what it keeps */
+        ipcc_log(IPCC_LOG_INFO, "cannot tell the release helper thread's id; exporters' frees "
+                                "do not wait for this process");
+    return 0;
 }
 
 /* The slot first, so that no exporter asks us any more; then the helper

@@ -17,6 +17,10 @@
  *   deny_threads     from now on no thread can be created (EAGAIN, as at a
  *                    pids limit): "ok 0"
  *   exit             exit(0), running the exit handlers
+ *   held_waits       under tests/process/helper_hold_lib.c: how often the thread
+ *                    that created the held helper went to sleep since (-1:
+ *                    none held): "ok N"
+ *   release_helper   lets the held helper thread start: "ok 0"
  *
  * The VMM path (PyTorch's expandable segments), in the same words:
  *   vmm_alloc BYTES  cuMemCreate and export to an fd it keeps: "ok IDX PID FD"
@@ -32,6 +36,7 @@
  */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
@@ -321,6 +326,18 @@ static void cmd_deny_cross_kcmp(void)
     reply("ok %lld", 0);
 }
 
+/* helper_hold_lib.c's functions, when it is preloaded. */
+static void cmd_hold(const char *name)
+{
+    void *fn = dlsym(RTLD_DEFAULT, name);
+    if (!fn)
+        return reply("err %lld", -1);
+    if (strcmp(name, "helper_hold_waits") == 0)
+        return reply("ok %lld", ((int (*)(void))fn)());
+    ((void (*)(void))fn)();
+    reply("ok %lld", 0);
+}
+
 static void setup(void)
 {
     CUdevice dev;
@@ -371,6 +388,10 @@ static void dispatch(char *cmd, char *arg)
         cmd_vmm_free_in_unmap(arg);
     else if (strcmp(cmd, "deny_cross_kcmp") == 0)
         cmd_deny_cross_kcmp();
+    else if (strcmp(cmd, "held_waits") == 0)
+        cmd_hold("helper_hold_waits");
+    else if (strcmp(cmd, "release_helper") == 0)
+        cmd_hold("helper_hold_release");
     else if (strcmp(cmd, "exit") == 0)
         exit(0);
     else

@@ -741,6 +741,98 @@ Test(ghost, importer_beyond_the_slots_is_as_without_the_ledger, .timeout = 15)
                        "%s", err);
 }
 
+/* ---- a helper thread that has not run yet ---------------------------------- */
+
+/* An importer whose release helper, once created, is held before it runs
+ * any of the library's code until "release_helper" (helper_hold_lib.c). */
+static void start_held_importer(struct peer *imp)
+{
+    const char *prefix = getenv("IPCC_TEST_PRELOAD_PREFIX");
+    start(imp, "importer",
+          ENV(format("LD_PRELOAD=%s%s%s/tests/libhelperhold.so:%s/libipccache.so",
+                     prefix && *prefix ? prefix : "", prefix && *prefix ? ":" : "", build_dir,
+                     build_dir)));
+}
+
+/* The ledger slot pid holds. */
+static int slot_of(struct ipcc_ledger_file *f, pid_t pid)
+{
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
+        if (atomic_load(&f->importers[i].pid) == pid)
+            return i;
+    cr_fatal("process %d holds no ledger slot", (int)pid);
+}
+
+/* Whether a request of exporter pid is posted that asks slot. */
+static int asked(struct ipcc_ledger_file *f, pid_t pid, int slot)
+{
+    for (int r = 0; r < IPCC_LEDGER_REQUESTS; r++) {
+        struct ipcc_ledger_request *q = &f->requests[r];
+        if (IPCC_REQ_STATE(atomic_load(&q->state)) == IPCC_REQ_POSTED &&
+            atomic_load(&q->pid) == pid && (atomic_load(&q->expected) >> slot & 1))
+            return 1;
+    }
+    return 0;
+}
+
+Test(ghost, first_miss_does_not_wait_for_the_helper_to_start, .timeout = 15)
+{
+    /* The first cached miss starts the helper thread but returns before it ran (held here until then), without going to sleep for it: without the library a miss is one driver call. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start_held_importer(&imp);
+    struct exported e = export(&exp, 16 * MIB);
+    cr_assert_eq(ok(&imp, ask(&imp, "held_waits")), -1, "a thread was held before the miss");
+    int idx = import(&imp, &e, 0);
+    long long waits = ok(&imp, ask(&imp, "held_waits"));
+    cr_assert_neq(waits, -1, "the miss started no helper thread (or it was not held)");
+    cr_assert_eq(waits, 0, "the miss went to sleep %lld times for its helper", waits);
+    cr_assert_eq(ok(&imp, ask(&imp, "close %d", idx)), CUDA_SUCCESS);
+    cr_assert_eq(ok(&imp, ask(&imp, "release_helper")), 0);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the helper, started late, did not let go");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
+}
+
+Test(ghost, free_waits_for_a_helper_that_has_not_run_yet, .timeout = 40)
+{
+    /* An exporter frees while the importer's helper thread exists but has not run yet: the free asks that importer and waits for it (as for a slow helper), and the idle mapping is closed before the free returns. */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start_held_importer(&imp);
+    struct exported e = export(&exp, 32 * MIB);
+    import(&imp, &e, 1);
+    struct ipcc_ledger_file *f = map_ledger(0);
+    int slot = slot_of(f, imp.pid);
+    char cmd[64];
+    int n = snprintf(cmd, sizeof(cmd), "free %d\n", e.idx);
+    cr_assert_eq(write(exp.in, cmd, (size_t)n), n); /* its reply comes after the helper's answer */
+    struct pollfd done = { exp.out, POLLIN, 0 };
+    while (!asked(f, exp.pid, slot))
+        cr_assert_eq(poll(&done, 1, 1), 0, "the free returned without asking the importer");
+    munmap(f, sizeof(*f));
+    cr_assert_eq(ok(&imp, ask(&imp, "release_helper")), 0);
+    cr_assert_eq(ok(&exp, reply_to(&exp, cmd, n - 1)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "the importer's idle mapping still pins the memory");
+    cr_assert_eq(finish(&imp), 0);
+    cr_assert_eq(finish(&exp), 0);
+}
+
+Test(ghost, exec_before_the_helper_ran_is_not_waited_for, .timeout = 15)
+{
+    /* An importer exec()s while its helper thread has never run: the exec ends that thread, and frees do not wait for the importer (waiting the 60 s bound would time the test out). */
+    struct peer exp, imp;
+    start(&exp, "exporter", ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    start_held_importer(&imp);
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "exec")), 0);
+    free_exported(&exp, &e);
+    finish(&imp);
+    finish(&exp);
+}
+
 /* Peers started from now on join the namespaces of this process (0: none). */
 static pid_t join_ns;
 

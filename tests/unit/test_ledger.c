@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -303,7 +304,7 @@ static pid_t importer(int32_t exporter, int answer)
         int slot = ipcc_ledger_register();
         if (slot < 0)
             _exit(2);
-        ipcc_ledger_helper_started(slot); /* this thread answers */
+        ipcc_ledger_name_helper(slot, (int32_t)syscall(SYS_gettid)); /* this thread answers */
         ipcc_ledger_watch(slot, exporter);
         uint32_t rung = ipcc_ledger_doorbell(slot);
         if (write(ready[1], "r", 1) != 1)
