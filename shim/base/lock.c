@@ -1,5 +1,6 @@
 /*
- * lock.c - the table lock, the library's only lock of its own data, and
+ * lock.c - the table lock, the library's only lock of its own data (the
+ * tables' memory has its own, innermost: mem.c), and
  * the fork guard (below), which keeps forks out of a few C library calls.
  *
  * glibc's adaptive mutex: a waiter spins briefly before sleeping (critical

@@ -9,8 +9,9 @@
  * no thread and no message from us. The first intercepted call reads the
  * settings and sets everything up, once.
  *
- * The table lock (lock.c) is the library's only lock; the fork handlers
- * below take it and reset it in the child (musl's fork does the same).
+ * The table lock (lock.c) is the library's only lock of its data (with the
+ * tables' memory's, mem.c, innermost); the fork handlers below take them and
+ * reset them in the child (musl's fork does the same).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -38,7 +39,14 @@ void ipcc_life_register(const struct ipcc_life_hooks *h)
  *    (exit handlers) and dl_iterate_phdr() (the loader's object list).
  *  - in dlopen/dladdr/dlsym/dlclose (entry/resolve.c, base/driver.c): the loader's lock, which
  *    glibc's fork resets in the child; so is its TLS lock.
- *  - in malloc (tables, keysets): fork takes every arena and resets them.
+ *  - in the tables' memory (mem.c): its lock is taken last, reset too.
+ *  - in the program's allocator: never under a lock of ours, whose holder
+ *    would wait for an allocator lock that a fork handler registered after
+ *    ours took (POSIX runs it first). The tables' memory is ours (mem.c);
+ *    glibc's atexit() allocates inside the guard, which is why the handler
+ *    registered at start (below) takes our locks before any allocator's of
+ *    the program's start-up. glibc's malloc takes its locks after every
+ *    handler and resets them.
  *  - in pthread_once (start, the driver's functions): an init under way in
  *    the parent runs again in the child; start() is safe to run twice.
  *  - in pthread_create (the helper thread): the stack list is reset.
@@ -55,28 +63,86 @@ void ipcc_life_register(const struct ipcc_life_hooks *h)
  */
 
 /*
- * Registered when the library is loaded, not at start: glibc runs for a fork
- * only the handlers registered before that fork began, so a fork begun just
- * before start would otherwise copy the lock while another thread's fork
- * holds it, into a child that never resets it. Before start they take a lock
- * nobody else takes and clear empty tables: nothing a program can notice.
+ * What a fork holds of ours, from the prepare step to the parent's or the
+ * child's: the table lock, the fork guard and the tables' memory (mem.c),
+ * in that order (the last two are taken inside the first's holders' code).
  */
-static void before_fork(void)
+static void hold_all(void)
 {
     ipcc_lock();
     ipcc_fork_guard_hold();
+    ipcc_mem_hold();
 }
 
-static void after_fork_parent(void)
+static void release_all(void)
 {
+    ipcc_mem_release();
     ipcc_fork_guard_release();
     ipcc_unlock();
 }
 
+/*
+ * Two registrations take them: one when the library is loaded, and one at
+ * start (below), after any allocator's of the program's start-up. POSIX
+ * runs the later prepare first, so the one of start takes our locks before
+ * such an allocator's prepare takes the allocator's: a thread inside the
+ * fork guard while glibc's atexit() allocates (which we cannot move out of
+ * it) then gets its memory and lets go. Whichever prepare runs first takes
+ * them, and only its parent step lets go: the forking thread's own record.
+ */
+enum { HELD_NONE, HELD_BY_LOAD, HELD_BY_START };
+static __thread int fork_held_by __attribute__((tls_model("initial-exec")));
+
+static void hold_for(int who)
+{
+    if (fork_held_by != HELD_NONE)
+        return;
+    hold_all();
+    fork_held_by = who;
+}
+
+static void release_for(int who)
+{
+    if (fork_held_by != who)
+        return;
+    fork_held_by = HELD_NONE;
+    release_all();
+}
+
+/*
+ * The load-time one, not only at start: glibc runs for a fork only the
+ * handlers registered before that fork began, so a fork begun just before
+ * start would otherwise copy the lock while another thread's fork holds it,
+ * into a child that never resets it. Before start they take locks nobody
+ * else takes and clear empty tables: nothing a program can notice.
+ */
+static void before_fork(void)
+{
+    hold_for(HELD_BY_LOAD);
+}
+
+static void after_fork_parent(void)
+{
+    release_for(HELD_BY_LOAD);
+}
+
+static void before_fork_late(void)
+{
+    hold_for(HELD_BY_START);
+}
+
+static void after_fork_parent_late(void)
+{
+    release_for(HELD_BY_START);
+}
+
 /* The child's mappings belong to the parent's contexts: forget them all.
- * The lock may have been taken by a thread that does not exist here. */
+ * The locks may have been taken by a thread that does not exist here. This
+ * one runs first of ours in the child (POSIX: in registration order). */
 static void after_fork_child(void)
 {
+    fork_held_by = HELD_NONE;
+    ipcc_mem_reset();
     ipcc_fork_guard_reset();
     ipcc_lock_reset();
     for (size_t i = 0; layers && i < IPCC_LIFE_RESETS && layers->fork_child[i]; i++)
@@ -87,6 +153,16 @@ static void after_fork_child(void)
 __attribute__((constructor)) static void watch_forks(void)
 {
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+/* At start, before the exit handlers' registrations (which the guard covers:
+ * ours, the stats marker's, the release helper's). Once: a child may run
+ * start again (registered twice would be harmless). */
+static void watch_forks_late(void)
+{
+    static _Atomic int registered;
+    if (!atomic_exchange(&registered, 1))
+        pthread_atfork(before_fork_late, after_fork_parent_late, NULL);
 }
 
 /* ---- exit --------------------------------------------------------------- */
@@ -133,6 +209,7 @@ static void start(void)
         ipcc_config_say_disabled();
         return;
     }
+    watch_forks_late(); /* before any exit handler's registration */
     if (layers && layers->start && layers->start() < 0) {
         ipcc_log(IPCC_LOG_WARN, "out of memory at start; passing calls through");
         ipcc_config.disabled = 1;
