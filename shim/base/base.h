@@ -129,6 +129,8 @@ IPCC_HIDDEN void ipcc_fork_guard_leave(const sigset_t *saved);
 IPCC_HIDDEN void ipcc_fork_guard_hold(void);
 IPCC_HIDDEN void ipcc_fork_guard_release(void);
 IPCC_HIDDEN void ipcc_fork_guard_reset(void);
+IPCC_HIDDEN void ipcc_fork_guard_close(void); /* the fork handler of start's */
+IPCC_HIDDEN void ipcc_fork_guard_open(void);
 
 /* ---- mem.c: the tables' memory, never the program's allocator --------- */
 

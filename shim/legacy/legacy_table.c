@@ -468,7 +468,7 @@ void ipcc_cache_destroy(struct ipcc_cache *c)
     if (!c)
         return;
     ipcc_cache_clear(c);
-    ipcc_mem_free(c);
+    free(c); /* aligned_alloc's, made and dropped outside the lock */
 }
 
 /* Builds a key with every byte defined (the hash covers padding too) and

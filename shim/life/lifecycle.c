@@ -44,8 +44,8 @@ void ipcc_life_register(const struct ipcc_life_hooks *h)
  *    would wait for an allocator lock that a fork handler registered after
  *    ours took (POSIX runs it first). The tables' memory is ours (mem.c);
  *    glibc's atexit() allocates inside the guard, which is why the handler
- *    registered at start (below) takes our locks before any allocator's of
- *    the program's start-up. glibc's malloc takes its locks after every
+ *    registered at start (below) empties the guard before any allocator's
+ *    of the program's start-up takes its lock. glibc's malloc takes its locks after every
  *    handler and resets them.
  *  - in pthread_once (start, the driver's functions): an init under way in
  *    the parent runs again in the child; start() is safe to run twice.
@@ -63,18 +63,21 @@ void ipcc_life_register(const struct ipcc_life_hooks *h)
  */
 
 /*
- * What a fork holds of ours, from the prepare step to the parent's or the
- * child's: the table lock, the fork guard and the tables' memory (mem.c),
- * in that order (the last two are taken inside the first's holders' code).
+ * Registered when the library is loaded, not at start: glibc runs for a fork
+ * only the handlers registered before that fork began, so a fork begun just
+ * before start would otherwise copy the lock while another thread's fork
+ * holds it, into a child that never resets it. Before start they take locks
+ * nobody else takes and clear empty tables: nothing a program can notice.
+ * The tables' memory (mem.c) is taken last: its holders hold nothing else.
  */
-static void hold_all(void)
+static void before_fork(void)
 {
     ipcc_lock();
     ipcc_fork_guard_hold();
     ipcc_mem_hold();
 }
 
-static void release_all(void)
+static void after_fork_parent(void)
 {
     ipcc_mem_release();
     ipcc_fork_guard_release();
@@ -82,58 +85,21 @@ static void release_all(void)
 }
 
 /*
- * Two registrations take them: one when the library is loaded, and one at
- * start (below), after any allocator's of the program's start-up. POSIX
- * runs the later prepare first, so the one of start takes our locks before
- * such an allocator's prepare takes the allocator's: a thread inside the
- * fork guard while glibc's atexit() allocates (which we cannot move out of
- * it) then gets its memory and lets go. Whichever prepare runs first takes
- * them, and only its parent step lets go: the forking thread's own record.
+ * Registered at start, before any exit handler's registration (ours, the
+ * stats marker's, the release helper's): after the allocators of the
+ * program's start-up, so POSIX runs its prepare step before theirs. glibc's
+ * atexit() allocates inside the fork guard; this step lets that thread out
+ * while the allocator's lock is still free, and closes the guard to others
+ * (lock.c), before the allocator's prepare step takes its lock.
  */
-enum { HELD_NONE, HELD_BY_LOAD, HELD_BY_START };
-static __thread int fork_held_by __attribute__((tls_model("initial-exec")));
-
-static void hold_for(int who)
-{
-    if (fork_held_by != HELD_NONE)
-        return;
-    hold_all();
-    fork_held_by = who;
-}
-
-static void release_for(int who)
-{
-    if (fork_held_by != who)
-        return;
-    fork_held_by = HELD_NONE;
-    release_all();
-}
-
-/*
- * The load-time one, not only at start: glibc runs for a fork only the
- * handlers registered before that fork began, so a fork begun just before
- * start would otherwise copy the lock while another thread's fork holds it,
- * into a child that never resets it. Before start they take locks nobody
- * else takes and clear empty tables: nothing a program can notice.
- */
-static void before_fork(void)
-{
-    hold_for(HELD_BY_LOAD);
-}
-
-static void after_fork_parent(void)
-{
-    release_for(HELD_BY_LOAD);
-}
-
 static void before_fork_late(void)
 {
-    hold_for(HELD_BY_START);
+    ipcc_fork_guard_close();
 }
 
-static void after_fork_parent_late(void)
+static void after_fork_late(void)
 {
-    release_for(HELD_BY_START);
+    ipcc_fork_guard_open();
 }
 
 /* The child's mappings belong to the parent's contexts: forget them all.
@@ -141,7 +107,6 @@ static void after_fork_parent_late(void)
  * one runs first of ours in the child (POSIX: in registration order). */
 static void after_fork_child(void)
 {
-    fork_held_by = HELD_NONE;
     ipcc_mem_reset();
     ipcc_fork_guard_reset();
     ipcc_lock_reset();
@@ -155,14 +120,12 @@ __attribute__((constructor)) static void watch_forks(void)
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
-/* At start, before the exit handlers' registrations (which the guard covers:
- * ours, the stats marker's, the release helper's). Once: a child may run
- * start again (registered twice would be harmless). */
+/* Once: a child may run start again (registered twice would be harmless). */
 static void watch_forks_late(void)
 {
     static _Atomic int registered;
     if (!atomic_exchange(&registered, 1))
-        pthread_atfork(before_fork_late, after_fork_parent_late, NULL);
+        pthread_atfork(before_fork_late, after_fork_late, NULL); /* the child resets all */
 }
 
 /* ---- exit --------------------------------------------------------------- */
