@@ -80,7 +80,7 @@ static void forget_seen(struct seen *s)
     if (--exporters[s->exporter].handles == 0)
         exporters[s->exporter].who.pid = 0;
     HASH_DEL(seen, s);
-    free(s);
+    ipcc_mem_free(s);
 }
 
 /* The exporter freed (or took with it) the allocation behind handle: each
@@ -238,7 +238,7 @@ static void reset_in_child(void)
     struct seen *s, *tmp;
     HASH_ITER(hh, seen, s, tmp) {
         HASH_DEL(seen, s);
-        free(s);
+        ipcc_mem_free(s);
     }
     memset(exporters, 0, sizeof(exporters));
     atomic_store(&slot, -1);
@@ -305,7 +305,7 @@ static void record(const void *handle, struct ipcc_proc owner)
     ipcc_lock();
     HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
     int i = s ? -1 : exporter_index(owner);
-    if (i >= 0 && (s = calloc(1, sizeof(*s))) != NULL) {
+    if (i >= 0 && (s = ipcc_mem_calloc(1, sizeof(*s))) != NULL) {
         if (HASH_COUNT(seen) >= MAX_SEEN)
             forget_seen(seen);
         memcpy(s->handle, handle, IPCC_HANDLE_BYTES);
@@ -316,7 +316,7 @@ static void record(const void *handle, struct ipcc_proc owner)
         if (seen_oom) { /* not in the table: undo by hand */
             if (--exporters[i].handles == 0)
                 exporters[i].who.pid = 0;
-            free(s);
+            ipcc_mem_free(s);
         }
     }
     ipcc_unlock();
