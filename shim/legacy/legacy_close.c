@@ -151,8 +151,14 @@ static enum close_outcome close_in_context(close_fn real, const struct ipcc_vict
         return close_current(real, v);
     if (!d->ctx_push || !d->ctx_pop)
         return FAILED;
+    /* The driver accepts a push of a destroyed context's pointer and aborts the
+     * process at the next call (H200, driver 580): ask the pointer's id first
+     * (a dead one is refused, a successor at its address has another id). */
+    uint64_t id;
+    if (ipcc_context_id(v->ctx, &id) < 0 || id != v->ctx_id)
+        return CONTEXT_GONE;
     int rc = d->ctx_push(v->ctx);
-    if (rc != CUDA_SUCCESS) /* a dead context is refused until one reuses its address */
+    if (rc != CUDA_SUCCESS)
         return rc == CUDA_ERROR_INVALID_CONTEXT || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED
                    ? CONTEXT_GONE : FAILED;
     enum close_outcome out = close_current(real, v);

@@ -911,6 +911,34 @@ static int scenario_unseen_teardown(int argc, char **argv)
     return 0;
 }
 
+/* A mapping left idle in a context that is then destroyed past the preload,
+ * while another context (at another address) is current; an open and close
+ * there push the cache past IPCCACHE_MAX_IDLE_ENTRIES=1, so the old mapping
+ * is evicted. Its context's pointer is dead: the driver answers a push of it
+ * with success and aborts the process at the next call, so the eviction must
+ * not push it. Every code must be as without the preload. */
+static int scenario_unseen_teardown_evict(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    load_driver();
+    CHECK(drv.device_get(&unseen.dev, 0));
+    unseen.destroy_direct = fake_hook("fakecuda_ctx_destroy_direct");
+    CUipcMemHandle a = foreign_handle(1), b = foreign_handle(2);
+    CUcontext other;
+    CUdeviceptr pa = 0, pb = 0;
+    CHECK(drv.ctx_create(&unseen.doomed, 0, unseen.dev));
+    CHECK(drv.ipc_open(&pa, a, LAZY));
+    CHECK(drv.ipc_close(pa));
+    CHECK(drv.ctx_create(&other, 0, unseen.dev)); /* current now, at another address */
+    tear_down_unseen(0);
+    put("other_address", other != unseen.doomed);
+    put("open_b", drv.ipc_open(&pb, b, LAZY));
+    put("close_b", drv.ipc_close(pb));
+    put("open_a", drv.ipc_open(&pa, a, LAZY));
+    put("close_a", drv.ipc_close(pa));
+    return 0;
+}
+
 /* ---- threads ------------------------------------------------------------- */
 
 #define THREAD_HANDLES 4
@@ -1509,6 +1537,7 @@ static const struct {
     { "mixed", scenario_mixed, "" },
     { "threads", scenario_threads, "[N=8]" },
     { "unseen_teardown", scenario_unseen_teardown, "[destroy|reset|elsewhere]" },
+    { "unseen_teardown_evict", scenario_unseen_teardown_evict, "" },
     { "fork", scenario_fork, "[unguarded]" },
     { "fork_hitting", scenario_fork_hitting, "" },
     { "fork_at_start", scenario_fork_at_start, "" },

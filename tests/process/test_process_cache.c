@@ -199,6 +199,20 @@ Test(process, unseen_teardown_maps_in_the_new_context, .timeout = 20)
     }
 }
 
+Test(process, eviction_after_an_unseen_teardown_pushes_no_dead_context, .timeout = 20)
+{
+    /* An idle mapping whose context was destroyed past the library is evicted from another
+     * context: the driver answers a push of the dead pointer with success, then aborts the
+     * process, so the eviction must tell the context is gone first; codes as without. */
+    static struct proc with, without;
+    probe(&with, ENV("IPCCACHE_MAX_IDLE_ENTRIES=1"), "unseen_teardown_evict");
+    probe(&without, ENV("LD_PRELOAD="), "unseen_teardown_evict");
+    expect_quiet_success(&without);
+    expect_quiet_success(&with);
+    cr_expect(eq(int, expect_same_lines(&with, &without), 5));
+    expect_kv(&with, "other_address", 1);
+}
+
 Test(process, fork_child_starts_with_an_empty_table, .timeout = 20)
 {
     /* A child forked while another thread uses the cache maps for itself and exits cleanly. */

@@ -95,7 +95,19 @@ static pthread_once_t g_atexit_once = PTHREAD_ONCE_INIT;
 static __thread struct tls_entry t_stack[STACK_DEPTH];
 static __thread int t_depth;
 
-#define CHECK_DEINIT() do { if (is_deinit()) return CUDA_ERROR_DEINITIALIZED; } while (0)
+/* A thread that pushed a destroyed context's pointer. The real driver (H200,
+ * 580) answers that push with success and aborts the process at the thread's
+ * next call (tests/gpu/ctx_ids.c): every call checks this first. */
+static __thread int t_pushed_dead;
+static void abort_if_pushed_dead(void)
+{
+    if (t_pushed_dead) {
+        static const char msg[] = "fakecuda: a destroyed context was pushed; aborting as the driver does\n";
+        (void)!write(2, msg, sizeof msg - 1);
+        abort();
+    }
+}
+#define CHECK_DEINIT() do { abort_if_pushed_dead(); if (is_deinit()) return CUDA_ERROR_DEINITIALIZED; } while (0)
 
 /* The "physical memory" block at the end of this file. */
 static int capture_forbids_unsafe_calls(void);
@@ -152,6 +164,13 @@ static int slot_of(CUcontext c)
     if (p < base || p >= base + sizeof g_ctx || (p - base) % sizeof g_ctx[0]) return -1;
     int s = (int)((p - base) / sizeof g_ctx[0]);
     return __atomic_load_n(&g_ctx[s].used, __ATOMIC_ACQUIRE) ? s : -1;
+}
+
+/* Whether c is the address of a context slot, live or destroyed. */
+static int was_a_context(CUcontext c)
+{
+    uintptr_t p = (uintptr_t)c, base = (uintptr_t)g_ctx;
+    return p >= base && p < base + sizeof g_ctx && (p - base) % sizeof g_ctx[0] == 0;
 }
 
 /* The calling thread's current context, -1 if none or destroyed since. */
@@ -356,6 +375,10 @@ static CUresult make_current(CUcontext ctx, int push)
     CHECK_DEINIT();
     lock();
     int s = slot_of(ctx);
+    if (s < 0 && push && was_a_context(ctx)) {
+        t_pushed_dead = 1;
+        return unlock_ret(CUDA_SUCCESS);
+    }
     if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
     if (push && t_depth == STACK_DEPTH) return unlock_ret(CUDA_ERROR_OUT_OF_MEMORY);
     if (!push && t_depth > 0) t_depth--;
@@ -421,7 +444,9 @@ static CUresult current_id(unsigned long long *id)
     return CUDA_SUCCESS;
 }
 
-/* A dead pointer: INVALID_CONTEXT (tests/gpu/ctx_ids.c asks the real driver). */
+/* A destroyed created context's pointer: CONTEXT_IS_DESTROYED, as the real
+ * driver answers (tests/gpu/ctx_ids.c); a reset or released primary's, and
+ * anything else: INVALID_CONTEXT (not yet seen on the real driver). */
 static CUresult ctx_get_id(CUcontext ctx, unsigned long long *id)
 {
     CHECK_DEINIT();
@@ -430,7 +455,10 @@ static CUresult ctx_get_id(CUcontext ctx, unsigned long long *id)
     lock();
     int s = slot_of(ctx);
     if (s >= 0) *id = g_ctx[s].id;
+    int destroyed = s < 0 && was_a_context(ctx) &&
+                    !g_ctx[((uintptr_t)ctx - (uintptr_t)g_ctx) / sizeof g_ctx[0]].primary;
     unlock();
+    if (destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
