@@ -444,9 +444,9 @@ static CUresult current_id(unsigned long long *id)
     return CUDA_SUCCESS;
 }
 
-/* A destroyed created context's pointer: CONTEXT_IS_DESTROYED, as the real
- * driver answers (tests/gpu/ctx_ids.c); a reset or released primary's, and
- * anything else: INVALID_CONTEXT (not yet seen on the real driver). */
+/* A destroyed context's pointer (created, or a reset or released primary):
+ * CONTEXT_IS_DESTROYED, as the real driver answers (tests/gpu/ctx_ids.c);
+ * anything else: INVALID_CONTEXT. */
 static CUresult ctx_get_id(CUcontext ctx, unsigned long long *id)
 {
     CHECK_DEINIT();
@@ -455,8 +455,7 @@ static CUresult ctx_get_id(CUcontext ctx, unsigned long long *id)
     lock();
     int s = slot_of(ctx);
     if (s >= 0) *id = g_ctx[s].id;
-    int destroyed = s < 0 && was_a_context(ctx) &&
-                    !g_ctx[((uintptr_t)ctx - (uintptr_t)g_ctx) / sizeof g_ctx[0]].primary;
+    int destroyed = s < 0 && was_a_context(ctx);
     unlock();
     if (destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     return s >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
