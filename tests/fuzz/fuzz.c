@@ -498,6 +498,8 @@ static void do_ctx_op(struct thread *t, enum op_kind kind, uint64_t r)
     case OP_PUSH:
         if (c < 0)
             return (void)log_line(t, "push: no context\n");
+        if (!t->ctx[c].alive) /* the driver accepts it, then aborts the process */
+            return (void)log_line(t, "push: c%d is dead\n", c);
         rc = drv.ctx_push(t->ctx[c].h);
         log_line(t, "push c%d -> %d now c%d\n", c, (int)rc, current_ctx(t));
         break;
