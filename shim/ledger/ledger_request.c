@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ledger.h"
+#include "ledger_impl.h"
 
 /* How often a waiting exporter looks for importers that died meanwhile. */
 #define LIVENESS_SLICE_NS (5ULL * 1000 * 1000)

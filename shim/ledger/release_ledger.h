@@ -3,7 +3,7 @@
  * idle mappings (ledger.c: the file, exports and importer slots;
  * ledger_request.c: requests and answers; ledger_helper.c: the importer's
  * helper thread, which hands each let-go to the kinds that registered).
- * ledger.h is the file's layout, private to the first two.
+ * ledger_impl.h is the file's layout, private to the first two.
  */
 #ifndef IPCC_RELEASE_LEDGER_H
 #define IPCC_RELEASE_LEDGER_H

@@ -35,7 +35,7 @@
 #include <unistd.h>
 
 #include "fake_cuda.h"
-#include "ledger.h"
+#include "ledger_impl.h"
 
 #define MIB (1ULL << 20)
 #define REPLY_LIMIT_MS 25000

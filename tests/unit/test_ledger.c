@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "release_ledger.h"
-#include "ledger.h"
+#include "ledger_impl.h"
 
 #define FOREVER_NS (60ULL * 1000 * 1000 * 1000)
 

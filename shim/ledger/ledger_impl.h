@@ -1,5 +1,5 @@
 /*
- * ledger.h - layout of the release ledger, the one shared-memory file per
+ * ledger_impl.h - layout of the release ledger, the one shared-memory file per
  * user through which exporters ask importers to let go of idle mappings.
  * Private to ledger.c, ledger_request.c and the ledger's unit test; the rest
  * of the library uses the functions declared in release_ledger.h.
