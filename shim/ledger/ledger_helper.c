@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "release_ledger.h"
+#include "ledger.h"
 #include "life.h"
 
 static int seen_oom;

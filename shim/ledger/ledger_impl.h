@@ -2,7 +2,7 @@
  * ledger_impl.h - layout of the release ledger, the one shared-memory file per
  * user through which exporters ask importers to let go of idle mappings.
  * Private to ledger.c, ledger_request.c and the ledger's unit test; the rest
- * of the library uses the functions declared in release_ledger.h.
+ * of the library uses the functions declared in ledger.h.
  *
  * Every field another process may write is atomic; every slot is owned by
  * one process, named by pid and start time, and taken with a compare-and-swap
@@ -11,7 +11,7 @@
 #ifndef IPCC_LEDGER_H
 #define IPCC_LEDGER_H
 
-#include "release_ledger.h"
+#include "ledger.h"
 
 #define IPCC_LEDGER_MAGIC 0x32676c6363706969ULL /* "iipccgl2" */
 #define IPCC_LEDGER_NAME "release-ledger-v2"

@@ -21,7 +21,7 @@
 
 #include "legacy.h"
 #include "budget.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 typedef CUresult (*close_fn)(CUdeviceptr);

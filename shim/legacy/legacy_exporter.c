@@ -19,7 +19,7 @@
 #include <cuda.h>
 
 #include "legacy.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 static int exported_oom;
 #define HASH_NONFATAL_OOM 1

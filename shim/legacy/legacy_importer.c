@@ -11,7 +11,7 @@
  */
 #include "legacy.h"
 #include "budget.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 #define BATCH 32
 

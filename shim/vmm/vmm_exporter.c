@@ -24,7 +24,7 @@
 #include <cuda.h>
 
 #include "vmm.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 static int exports_oom;
 #define HASH_NONFATAL_OOM 1

@@ -34,7 +34,7 @@
 
 #include "vmm.h"
 #include "budget.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 /* Tags released by their exporter while the app still used an import of
  * them. */

@@ -21,7 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "release_ledger.h"
+#include "ledger.h"
 #include "ledger_impl.h"
 
 #define FOREVER_NS (60ULL * 1000 * 1000 * 1000)

@@ -1,5 +1,5 @@
 /*
- * release_ledger.h - the release ledger: exporters' frees reach importers'
+ * ledger.h - the release ledger: exporters' frees reach importers'
  * idle mappings (ledger.c: the file, exports and importer slots;
  * ledger_request.c: requests and answers; ledger_helper.c: the importer's
  * helper thread, which hands each let-go to the kinds that registered).
