@@ -124,10 +124,16 @@ $(BUILD)/shim/entry/dlsym_%.o: shim/entry/dlsym_%.S
 	@mkdir -p $(@D)
 	$(CC) $(SANITIZE) -fPIC -c $< -o $@
 
+# The export list: dlsym and each row of shim/base/hooks.def.
+MAP = $(BUILD)/ipccache.map
+$(MAP): shim/entry/ipccache.map.in shim/base/hooks.def
+	@mkdir -p $(@D)
+	$(CC) -E -P -x c -Ishim/base $< -o $@
+
 # Only libdl/libpthread: the library must load where no driver is installed.
-$(LIB): $(SHIM_OBJ) shim/entry/ipccache.map
+$(LIB): $(SHIM_OBJ) $(MAP)
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(SANITIZE) \
-	    -Wl,--version-script=shim/entry/ipccache.map -Wl,-Bsymbolic-functions -Wl,-z,now \
+	    -Wl,--version-script=$(MAP) -Wl,-Bsymbolic-functions -Wl,-z,now \
 	    -ldl -lpthread
 
 # The library's settings parser as a command (ipccache-run checks with it).
@@ -292,7 +298,7 @@ test-aarch64:
 	@bash tests/test_aarch64.sh $(AARCH64_BUILD)
 
 check-exports: $(LIB)
-	@bash tests/tools/check_exports.sh $(LIB) shim/entry/ipccache.map
+	@bash tests/tools/check_exports.sh $(LIB) $(MAP) shim/entry/hooks.c
 
 # ---- real GPU ----------------------------------------------------------------
 

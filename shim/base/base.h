@@ -160,31 +160,12 @@ IPCC_HIDDEN const struct ipcc_driver *ipcc_driver(void);
 IPCC_HIDDEN void *ipcc_real(int slot);
 IPCC_HIDDEN extern void *(*ipcc_real_dlsym)(void *, const char *);
 
-/* Slots of the hook table; resolve.c owns the table, hooks.c the wrappers. */
+/* Slots of the hook table, one per row of hooks.def; resolve.c owns the
+ * table, hooks.c the wrappers. */
 enum ipcc_slot {
-    IPCC_SLOT_OPEN_V1,
-    IPCC_SLOT_OPEN_V2,
-    IPCC_SLOT_CLOSE,
-    IPCC_SLOT_PROC_V1,
-    IPCC_SLOT_PROC_V2,
-    IPCC_SLOT_CTX_DESTROY_V1,
-    IPCC_SLOT_CTX_DESTROY_V2,
-    IPCC_SLOT_PRIMARY_RELEASE_V1,
-    IPCC_SLOT_PRIMARY_RELEASE_V2,
-    IPCC_SLOT_PRIMARY_RESET_V1,
-    IPCC_SLOT_PRIMARY_RESET_V2,
-    IPCC_SLOT_VMM_IMPORT,
-    IPCC_SLOT_VMM_RESERVE,
-    IPCC_SLOT_VMM_FREE,
-    IPCC_SLOT_VMM_MAP,
-    IPCC_SLOT_VMM_UNMAP,
-    IPCC_SLOT_VMM_SET_ACCESS,
-    IPCC_SLOT_VMM_GET_ACCESS,
-    IPCC_SLOT_VMM_RELEASE,
-    IPCC_SLOT_IPC_GET,
-    IPCC_SLOT_MEM_FREE_V1,
-    IPCC_SLOT_MEM_FREE_V2,
-    IPCC_SLOT_VMM_EXPORT,
+#define IPCC_HOOK(slot, sym, proc, since) IPCC_SLOT_##slot,
+#include "hooks.def"
+#undef IPCC_HOOK
     IPCC_SLOT_COUNT
 };
 

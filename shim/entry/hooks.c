@@ -241,31 +241,10 @@ IPCC_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocati
 
 /* ---- the table ---------------------------------------------------------- */
 
-#define HOOK(slot, sym, proc, ver) \
-    [slot] = { .symbol = #sym, .proc_name = proc, .since = ver, .wrapper = (void *)sym }
-
+/* One row per line of hooks.def: every slot has a row, each row its wrapper. */
 struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT] = {
-    HOOK(IPCC_SLOT_OPEN_V1, cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 4010),
-    HOOK(IPCC_SLOT_OPEN_V2, cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000),
-    HOOK(IPCC_SLOT_CLOSE, cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010),
-    HOOK(IPCC_SLOT_PROC_V1, cuGetProcAddress, "cuGetProcAddress", 11030),
-    HOOK(IPCC_SLOT_PROC_V2, cuGetProcAddress_v2, "cuGetProcAddress", 12000),
-    HOOK(IPCC_SLOT_CTX_DESTROY_V1, cuCtxDestroy, "cuCtxDestroy", 2000),
-    HOOK(IPCC_SLOT_CTX_DESTROY_V2, cuCtxDestroy_v2, "cuCtxDestroy", 4000),
-    HOOK(IPCC_SLOT_PRIMARY_RELEASE_V1, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000),
-    HOOK(IPCC_SLOT_PRIMARY_RELEASE_V2, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000),
-    HOOK(IPCC_SLOT_PRIMARY_RESET_V1, cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000),
-    HOOK(IPCC_SLOT_PRIMARY_RESET_V2, cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000),
-    HOOK(IPCC_SLOT_VMM_IMPORT, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020),
-    HOOK(IPCC_SLOT_VMM_RESERVE, cuMemAddressReserve, "cuMemAddressReserve", 10020),
-    HOOK(IPCC_SLOT_VMM_FREE, cuMemAddressFree, "cuMemAddressFree", 10020),
-    HOOK(IPCC_SLOT_VMM_MAP, cuMemMap, "cuMemMap", 10020),
-    HOOK(IPCC_SLOT_VMM_UNMAP, cuMemUnmap, "cuMemUnmap", 10020),
-    HOOK(IPCC_SLOT_VMM_SET_ACCESS, cuMemSetAccess, "cuMemSetAccess", 10020),
-    HOOK(IPCC_SLOT_VMM_GET_ACCESS, cuMemGetAccess, "cuMemGetAccess", 10020),
-    HOOK(IPCC_SLOT_VMM_RELEASE, cuMemRelease, "cuMemRelease", 10020),
-    HOOK(IPCC_SLOT_IPC_GET, cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010),
-    HOOK(IPCC_SLOT_MEM_FREE_V1, cuMemFree, "cuMemFree", 2000),
-    HOOK(IPCC_SLOT_MEM_FREE_V2, cuMemFree_v2, "cuMemFree", 3020),
-    HOOK(IPCC_SLOT_VMM_EXPORT, cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020),
+#define IPCC_HOOK(slot, sym, proc, ver) \
+    [IPCC_SLOT_##slot] = { .symbol = #sym, .proc_name = #proc, .since = ver, .wrapper = (void *)sym },
+#include "hooks.def"
+#undef IPCC_HOOK
 };
