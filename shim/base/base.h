@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #define IPCC_VERSION "0.1.0"
 #define IPCC_HIDDEN __attribute__((visibility("hidden")))
@@ -20,6 +21,28 @@
 /* The driver's status codes we produce ourselves (the rest are passed back). */
 #define IPCC_CUDA_SUCCESS 0
 #define IPCC_CUDA_ERROR_INVALID_VALUE 1
+/* CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND: without a driver there is
+ * nothing to forward to (hooks.c checks it against cuda.h). */
+#define IPCC_CUDA_NO_DRIVER 302
+
+/* The one clock: CLOCK_MONOTONIC is the same in every process, so the
+ * ledger's deadlines and the table's ages compare across them. */
+static inline uint64_t ipcc_clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* The same clock to a tick's resolution, at a fraction of the cost: only a
+ * lent close (no lock) is ordered by it; the order it gives is the loans'
+ * protocol comment's (legacy/legacy_table.c). */
+static inline uint64_t ipcc_clock_coarse_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
 
 /* The bytes of a legacy IPC handle; a VMM export tag and every key of the
  * ledger and the key sets have as many. */

@@ -37,8 +37,8 @@ IPCC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 IPCC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 IPCC_EXPORT CUresult cuMemFree(unsigned int dptr); /* the 32-bit CUdeviceptr_v1 ABI */
 
-/* Without a driver there is nothing to forward to. */
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
+_Static_assert(IPCC_CUDA_NO_DRIVER == CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND,
+               "base.h's code for 'no driver' is cuda.h's");
 
 /* ---- IPC memory --------------------------------------------------------- */
 
@@ -95,7 +95,7 @@ IPCC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int versio
 {
     proc_v1_fn real = (proc_v1_fn)ipcc_real(IPCC_SLOT_PROC_V1);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(symbol, pfn, version, flags);
     if (rc == CUDA_SUCCESS)
         substitute(symbol, pfn, version, NULL, __builtin_return_address(0));
@@ -108,7 +108,7 @@ IPCC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
 {
     proc_v2_fn real = (proc_v2_fn)ipcc_real(IPCC_SLOT_PROC_V2);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(symbol, pfn, version, flags, status);
     if (rc == CUDA_SUCCESS)
         substitute(symbol, pfn, version, status, __builtin_return_address(0));
@@ -121,7 +121,7 @@ static CUresult destroy_context(int slot, CUcontext ctx)
 {
     ctx_fn real = (ctx_fn)ipcc_real(slot);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     uint64_t id = 0;
     /* Only a process that cached something needs to look. */
     int known = ctx && ipcc_table() && ipcc_context_id(ctx, &id) == 0;
@@ -147,7 +147,7 @@ static CUresult primary_teardown(int slot, CUdevice dev)
 {
     device_fn real = (device_fn)ipcc_real(slot);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && ipcc_table())
         ipcc_sweep_dead_contexts();
@@ -182,7 +182,7 @@ IPCC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 static CUresult after_vmm_idle(CUresult rc)
 {
     if (ipcc_cache_has_lent())
-        ipcc_cache_lent_floor(ipcc_now_ns());
+        ipcc_cache_lent_floor(ipcc_clock_ns());
     return rc;
 }
 

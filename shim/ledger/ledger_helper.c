@@ -173,13 +173,13 @@ static void *helper_main(void *arg)
 {
     int me = (int)(intptr_t)arg;
     relax_capture_mode();
-    uint64_t last_check = ipcc_now_ns();
+    uint64_t last_check = ipcc_clock_ns();
     while (!atomic_load(&exiting)) {
         uint32_t rung = ipcc_ledger_doorbell(me);
         answer_requests(me);
-        if (ipcc_now_ns() - last_check >= CHECK_EVERY_NS) {
+        if (ipcc_clock_ns() - last_check >= CHECK_EVERY_NS) {
             release_dead_exporters(0);
-            last_check = ipcc_now_ns();
+            last_check = ipcc_clock_ns();
         }
         ipcc_ledger_sleep(me, rung, CHECK_EVERY_NS);
     }

@@ -26,7 +26,6 @@
 typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 typedef CUresult (*close_fn)(CUdeviceptr);
 
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 
 /* ---- contexts ----------------------------------------------------------- */
 
@@ -91,10 +90,10 @@ static CUresult passthrough_close(close_fn real, CUdeviceptr dptr)
 /* A real close made by the cache itself, timed for the stats. */
 static CUresult timed_real_close(close_fn real, CUdeviceptr dptr)
 {
-    uint64_t t0 = ipcc_now_ns();
+    uint64_t t0 = ipcc_clock_ns();
     CUresult rc = real(dptr);
     if (rc == CUDA_SUCCESS) {
-        IPCC_ADD(real_close_ns, ipcc_now_ns() - t0);
+        IPCC_ADD(real_close_ns, ipcc_clock_ns() - t0);
         IPCC_COUNT(real_close_samples);
         IPCC_COUNT(real_closes);
     }
@@ -124,23 +123,23 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
     if (!ctx)
         return passthrough_open(real, pdptr, h, flags);
     IPCC_COUNT(misses);
-    uint64_t t0 = ipcc_now_ns();
+    uint64_t t0 = ipcc_clock_ns();
     CUresult rc = real(pdptr, h, flags);
     if (rc == CUDA_ERROR_INVALID_HANDLE && ipcc_release_idle_elsewhere(key->ctx_id) > 0) {
         /* Our idle mapping in another context on this device was in the way. */
-        t0 = ipcc_now_ns();
+        t0 = ipcc_clock_ns();
         rc = real(pdptr, h, flags);
     }
     if (rc != CUDA_SUCCESS)
         return count_result(rc);
-    IPCC_ADD(real_open_ns, ipcc_now_ns() - t0);
+    IPCC_ADD(real_open_ns, ipcc_clock_ns() - t0);
     IPCC_COUNT(real_open_samples);
     IPCC_COUNT(real_opens);
 
     uint64_t dptr = *pdptr, cached = 0;
     uint64_t bytes = mapping_bytes(dptr);
     ipcc_lock();
-    int inserted = ipcc_cache_insert(ipcc_table(), key, ctx, dptr, bytes, ipcc_now_ns(), &cached);
+    int inserted = ipcc_cache_insert(ipcc_table(), key, ctx, dptr, bytes, ipcc_clock_ns(), &cached);
     if (inserted >= 0)
         lend_here();
     ipcc_unlock();
@@ -167,7 +166,7 @@ static CUresult open_uncached(int slot, CUdeviceptr *pdptr, const CUipcMemHandle
                               unsigned flags)
 {
     open_fn real = real_open(slot);
-    return real ? passthrough_open(real, pdptr, *h, flags) : NO_DRIVER;
+    return real ? passthrough_open(real, pdptr, *h, flags) : IPCC_CUDA_NO_DRIVER;
 }
 
 /* ---- lending: a thread's repeat hits of one entry take no lock ---------- */
@@ -211,16 +210,7 @@ static void lend_here(void)
     watched = WATCH_ARMED;
     ipcc_tables_room(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, &room_bytes,
                      &room_entries);
-    ipcc_cache_lend_recent(ipcc_table(), ipcc_now_ns(), room_entries, room_bytes);
-}
-
-/* The clock a lent close is ordered by: a tick's resolution, a fraction of
- * the precise clock's cost (the ordering it gives: cache.c, README). */
-static uint64_t coarse_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+    ipcc_cache_lend_recent(ipcc_table(), ipcc_clock_ns(), room_entries, room_bytes);
 }
 
 /* The thread's last hit again: no hash, no search. */
@@ -273,7 +263,7 @@ int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned 
     struct ipcc_key key;
     ipcc_key_init(&key, ctx_id, h->reserved, flags);
     open_fn real = real_open(slot);
-    return real ? open_miss(real, &key, current_context(), pdptr, *h, flags) : NO_DRIVER;
+    return real ? open_miss(real, &key, current_context(), pdptr, *h, flags) : IPCC_CUDA_NO_DRIVER;
 }
 
 /* ---- close -------------------------------------------------------------- */
@@ -302,19 +292,19 @@ int ipcc_close(uint64_t dptr)
      * torn down past us) finds nothing here: the driver answers it. */
     int cached = !ipcc_config.disabled && current_context_id(&ctx_id) == 0;
     /* The budget had room for it idle when it was lent: nothing to evict. */
-    if (cached && ipcc_cache_close_lent(ctx_id, dptr, coarse_now_ns())) {
+    if (cached && ipcc_cache_close_lent(ctx_id, dptr, ipcc_clock_coarse_ns())) {
         IPCC_COUNT(close_cached);
         return CUDA_SUCCESS;
     }
     close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     if (!cached)
         return passthrough_close(real, (CUdeviceptr)dptr);
 
     const struct ipcc_victim self = { NULL, ctx_id, dptr, 0 }; /* listed, never closed as a victim */
     ipcc_lock();
-    enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr, ipcc_now_ns());
+    enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr, ipcc_clock_ns());
     int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_closing_has(ctx_id, dptr);
     if (r == IPCC_RELEASE_PAST_ZERO)
         ipcc_closing_add(&self, 1);

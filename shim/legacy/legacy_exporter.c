@@ -30,7 +30,6 @@ typedef CUresult (*get_fn)(CUipcMemHandle *, CUdeviceptr);
 typedef CUresult (*free_v1_fn)(unsigned int);
 typedef CUresult (*free_v2_fn)(CUdeviceptr);
 
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 
 struct exported {
     uint64_t base;
@@ -113,7 +112,7 @@ int ipcc_exporter_get_handle(void *handle, uint64_t dptr)
 {
     get_fn real = (get_fn)ipcc_real(IPCC_SLOT_IPC_GET);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real((CUipcMemHandle *)handle, (CUdeviceptr)dptr);
     if (rc != CUDA_SUCCESS || !handle)
         return rc;
@@ -132,7 +131,7 @@ int ipcc_exporter_free(int slot, uint64_t dptr)
 {
     void *real = ipcc_real(slot);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     unsigned char handle[IPCC_HANDLE_BYTES];
     if (atomic_load_explicit(&anything_exported, memory_order_acquire) && forget(dptr, handle)) {
         int late = ipcc_ledger_release(handle, ipcc_config.release_wait_ms * 1000000ULL);

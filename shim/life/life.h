@@ -108,7 +108,6 @@ struct ipcc_stats_sources {
 };
 IPCC_HIDDEN void ipcc_stats_register(const struct ipcc_stats_sources *s);
 
-IPCC_HIDDEN uint64_t ipcc_now_ns(void);
 IPCC_HIDDEN void ipcc_stats_reset(void);
 IPCC_HIDDEN void ipcc_stats_install_handler(void);
 IPCC_HIDDEN void ipcc_stats_write_line(void);

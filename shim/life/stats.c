@@ -82,13 +82,6 @@ uint64_t ipcc_stat_sum(size_t field_offset)
     return total;
 }
 
-uint64_t ipcc_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t load(const _Atomic uint64_t *v)
 {
     return atomic_load_explicit(v, memory_order_relaxed);
@@ -230,7 +223,7 @@ size_t ipcc_stats_format(char *buf, size_t cap)
     put_counters(&o, hits, &g);
     put_gauges(&o, &g);
     put_costs(&o, hits);
-    put_top(&o, ipcc_now_ns());
+    put_top(&o, ipcc_clock_ns());
     put_str(&o, "}\n");
     return (size_t)(o.p - buf);
 }

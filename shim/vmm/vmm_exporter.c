@@ -34,7 +34,6 @@ static int exports_oom;
 typedef CUresult (*export_fn)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
                               unsigned long long);
 
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 #define TAG_MAGIC "ipccVMM1"
 
 /* The ledger's 64 bytes for one export; unused bytes zero. */
@@ -171,7 +170,7 @@ int ipcc_vmm_export_call(void *out, uint64_t handle, int type, unsigned long lon
 {
     export_fn real = (export_fn)ipcc_real(IPCC_SLOT_VMM_EXPORT);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(out, handle, (CUmemAllocationHandleType)type, flags);
     if (rc != CUDA_SUCCESS || !out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return rc;
@@ -206,10 +205,10 @@ void ipcc_vmm_exporter_release(uint64_t handle)
     struct exported *e = take(handle);
     if (!e)
         return;
-    uint64_t deadline = ipcc_now_ns() + ipcc_config.release_wait_ms * 1000000ULL;
+    uint64_t deadline = ipcc_clock_ns() + ipcc_config.release_wait_ms * 1000000ULL;
     unsigned char tag[IPCC_HANDLE_BYTES];
     for (size_t i = 0; i < e->n; i++) {
-        uint64_t now = ipcc_now_ns();
+        uint64_t now = ipcc_clock_ns();
         tag_of(tag, &e->ex[i]);
         int late = ipcc_ledger_release(tag, deadline > now ? deadline - now : 0);
         if (late > 0)
