@@ -53,7 +53,7 @@ static void setup_quiet(void)
     cr_redirect_stderr();
 }
 
-TestSuite(ledger, .init = setup, .fini = teardown);
+TestSuite(ledger, .init = setup, .fini = teardown, .timeout = 10);
 
 static void handle_of(unsigned char h[IPCC_HANDLE_BYTES], unsigned char tag)
 {
