@@ -1,8 +1,8 @@
 /*
  * wiring.c - the one place that knows every layer: at load it registers
  * each upper layer's functions with the lower layers that must reach them,
- * so that every call between the library's files goes down (README "Files",
- * docs/design.md; tests/tools/check_layers.py checks it).
+ * so that every call between the library's files goes down (design.md
+ * "What is registered, and where"; tests/tools/check_layers.py checks it).
  *
  * Only pointers are stored here: a process that never touches CUDA IPC
  * notices nothing.

@@ -101,8 +101,8 @@ put "$t" high/high.c '#include "low_impl.h"\nvoid high(void) { low_inner(); }\n'
 check "layers: an include of another folder's private header fails" \
     finds "check_layers: include of another folder's private header high/high -> low/low_impl.h"
 
-# a.c and b.c include two.h, whose inline code calls a.c; a.c calls b.c: the
-# objects alone show a -> b only, the header makes it a circle.
+# Files a and b include the header two, whose inline code calls a; a calls b:
+# the objects alone show a -> b only, the header makes it a circle.
 plant "$t" high,mid,low
 put "$t" low/two.h 'void a(void);\nvoid b(void);\nstatic inline void two(void) { a(); }\n'
 put "$t" low/a.c '#include "two.h"\nvoid a(void) { b(); }\n'
