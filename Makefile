@@ -43,7 +43,7 @@ SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            shim/vmm/vmm_importer.c shim/vmm/vmm_identity.c shim/vmm/vmm_fds.c \
            $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) shim/ledger/ledger_helper.c \
            shim/budget/idle_budget.c shim/budget/tables.c \
-           shim/life/lifecycle.c shim/life/stats.c shim/life/marker.c \
+           shim/life/lifecycle.c shim/stats/stats.c shim/stats/marker.c \
            $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c shim/base/driver.c
 # The pure tables (unit-tested without CUDA).
 LEGACY_TABLE = shim/legacy/legacy_table.c
@@ -158,7 +158,7 @@ $(FAKE): $(FAKE_SRC) tests/standin/fake_cuda.h tests/standin/fake_vmm.h
 # preload. calloc is wrapped so that a test can make the table's allocations fail.
 UNIT_SHIM = $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) $(BASE_SRC) shim/base/userdir.c \
             shim/base/keyset.c shim/base/lock.c shim/base/proc.c \
-            shim/life/stats.c shim/life/marker.c
+            shim/stats/stats.c shim/stats/marker.c
 $(BUILD)/tests/test_unit: $(UNIT_SRC) $(UNIT_SHIM) $(wildcard shim/*.h shim/*/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) $(UNIT_SHIM) \

@@ -16,6 +16,8 @@ IPCC_HIDDEN struct ipcc_vmm_table *ipcc_tables_vmm_start(void);
 IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);          /* legacy; NULL before start */
 IPCC_HIDDEN struct ipcc_vmm_table *ipcc_vmm_table(void);  /* NULL until an import */
 IPCC_HIDDEN void ipcc_tables_fork_child(void);
+IPCC_HIDDEN void ipcc_tables_gauges(struct ipcc_tables_gauges *out);
+IPCC_HIDDEN void ipcc_tables_top(struct ipcc_top_slot *out);
 
 /* What an eviction keeps to: the caps, or nothing at all (all). */
 struct ipcc_budget {

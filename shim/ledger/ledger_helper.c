@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "ledger.h"
-#include "life.h"
+#include "stats.h"
 
 static int seen_oom;
 #define HASH_NONFATAL_OOM 1

@@ -8,6 +8,7 @@
 #define IPCC_LEGACY_H
 
 #include "life.h"
+#include "stats.h"
 
 /* ---- legacy_table.c: the table (pure C, no CUDA, no I/O, no locking) ---- */
 

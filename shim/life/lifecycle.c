@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "life.h"
+#include "stats.h"
 
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 static const struct ipcc_life_hooks *layers;

@@ -10,6 +10,7 @@
 #define IPCC_VMM_H
 
 #include "life.h"
+#include "stats.h"
 
 /* ---- vmm_predict.c: which rebuild follows which (pure C, no CUDA) ------- */
 

@@ -51,9 +51,15 @@ def symbols(path):
     return defined, undefined
 
 
-def objects_of(objdir):
+def objects_of(objdir, src=None):
+    """Each object's undefined symbols, each symbol's defining object; with
+    src, an object left over from a file since moved or removed is skipped."""
     objects = sorted(os.path.join(d, f) for d, _, files in os.walk(objdir)
                      for f in files if f.endswith(".o"))
+    if src:
+        objects = [o for o in objects if any(
+            os.path.exists(os.path.join(src, os.path.relpath(o, objdir)[:-2] + ext))
+            for ext in (".c", ".S"))]
     if not objects:
         sys.exit(f"check_layers: no objects under {objdir} (not built?)")
     needs, owner = {}, {}
@@ -269,7 +275,7 @@ def main():
     args = p.parse_args()
     if args.order and not args.src:
         sys.exit("check_layers: --order needs --src")
-    needs, owner = objects_of(args.objdir)
+    needs, owner = objects_of(args.objdir, args.src)
     uses = edges(needs, owner)
     found = circles(uses)
     if found:

@@ -14,7 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "life.h"
+#include "stats.h"
+#include "stats_impl.h"
 
 #define STATS_SCHEMA 1
 #define LINE_MAX_BYTES 4096
