@@ -9,6 +9,8 @@ prints one line per problem (none: the check passes).
             names it in its first cell, in the README
   limits    each section of docs/limits.md is one line of the README's list
   length    the README: at most 250 lines; no line but a table row over 120
+  layers    docs/design.md's layer table lists shim/layers.txt's folders,
+            in its order (peers in one row)
   comments  every file a comment of shim/, tests/, tools/ or the Makefile names
             is a tracked file (or an outside one on EXTERNAL), and every
             README "X" or <doc>.md "X" it cites is a heading of that document
@@ -131,6 +133,23 @@ def heading_doc(name):
     return hits[0] if hits else None
 
 
+def check_layers():
+    order = []
+    for line in (ROOT / "shim" / "layers.txt").read_text(encoding="utf-8").splitlines():
+        words = line.split("#", 1)[0].split()
+        if words and words[0] != "allow":
+            order.append(words)
+    rows, inside = [], False
+    for line in text_of(ROOT / "docs" / "design.md"):
+        if line.startswith("## "):
+            inside = line == "## Layers, top to bottom"
+        elif inside and line.startswith("| `shim/"):
+            rows.append(re.findall(r"`shim/(\w+)/`", line.split(" | ")[0]))
+    if rows != order:
+        print("docs/design.md's layer table: %s; shim/layers.txt: %s"
+              % (" / ".join(" ".join(r) for r in rows), " / ".join(" ".join(o) for o in order)))
+
+
 def check_comments():
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True,
                              text=True, check=True).stdout.split()
@@ -157,6 +176,7 @@ def check_comments():
 def main(argv):
     checks = {"links": check_links, "paths": check_paths, "limits": check_limits,
               "length": check_length, "comments": check_comments,
+              "layers": check_layers,
               "once": lambda: check_once(sys.stdin.read().split())}
     if len(argv) != 1 or argv[0] not in checks:
         print(__doc__, file=sys.stderr)

@@ -131,7 +131,7 @@ check "docs: ipccache-run --help says --strict means exit status 78" \
     eval 'tools/ipccache-run --help | tr -s " \n" " " | grep -q "error: exit status 78"'
 
 # --- the layout: links, paths, one owner, length ---------------------------------
-for what in links paths limits length comments; do
+for what in links paths limits length comments layers; do
     python3 tests/tools/check_docs.py "$what" >"$tmp/diff" 2>&1
     check "docs: check_docs.py $what" test ! -s "$tmp/diff"
 done
