@@ -44,7 +44,8 @@ SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) shim/ledger/ledger_helper.c \
            shim/budget/idle_budget.c shim/budget/tables.c \
            shim/life/lifecycle.c shim/stats/stats.c shim/stats/marker.c \
-           $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c shim/base/driver.c
+           $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c shim/base/driver.c \
+           shim/base/mem.c
 # The pure tables (unit-tested without CUDA).
 LEGACY_TABLE = shim/legacy/legacy_table.c
 VMM_TABLE    = shim/vmm/vmm_imports.c shim/vmm/vmm_ranges.c shim/vmm/vmm_predict.c
@@ -155,14 +156,14 @@ $(FAKE): $(FAKE_SRC) tests/standin/fake_cuda.h tests/standin/fake_vmm.h
 	ln -sf libcuda.so.1 $(@D)/libcuda.so
 
 # The table, the settings parser, the ledger and the counters, tested alone: no CUDA, no
-# preload. calloc is wrapped so that a test can make the table's allocations fail.
+# preload. ipcc_mem_calloc is wrapped so that a test can make the table's allocations fail.
 UNIT_SHIM = $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) $(BASE_SRC) shim/base/userdir.c \
-            shim/base/keyset.c shim/base/lock.c shim/base/proc.c \
+            shim/base/keyset.c shim/base/lock.c shim/base/proc.c shim/base/mem.c \
             shim/stats/stats.c shim/stats/marker.c
 $(BUILD)/tests/test_unit: $(UNIT_SRC) $(UNIT_SHIM) $(wildcard shim/*.h shim/*/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) $(UNIT_SHIM) \
-	    -Wl,--wrap=calloc $(TEST_LIBS)
+	    -Wl,--wrap=ipcc_mem_calloc $(TEST_LIBS)
 
 # Two libraries defining one symbol: RTLD_NEXT must tell them apart.
 $(BUILD)/tests/libnext%.so: tests/process/rtld_next_lib.c
@@ -188,7 +189,7 @@ $(BUILD)/tests/libinterposer_%.so: tests/process/interposer_lib.c
 	    $(if $(filter resolver,$*),-DHOOK_RESOLVER) -o $@ $< -ldl
 
 # Widens a moment inside a C library call, for the fork and signal races.
-$(BUILD)/tests/libwindow.so: tests/process/window_lib.c
+$(BUILD)/tests/libwindow.so: tests/process/window_lib.c tests/process/exit_registration.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl
 
@@ -199,7 +200,7 @@ $(BUILD)/tests/libhelperhold.so: tests/process/helper_hold_lib.c
 
 # An allocator with its own lock and fork handler, for a fork while a lock of
 # ipccache's is held across an allocation.
-$(BUILD)/tests/liballoclock.so: tests/process/alloc_lock_lib.c
+$(BUILD)/tests/liballoclock.so: tests/process/alloc_lock_lib.c tests/process/exit_registration.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden $(SANITIZE) -o $@ $< -ldl -lpthread
 

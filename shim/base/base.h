@@ -152,6 +152,21 @@ IPCC_HIDDEN void ipcc_fork_guard_leave(const sigset_t *saved);
 IPCC_HIDDEN void ipcc_fork_guard_hold(void);
 IPCC_HIDDEN void ipcc_fork_guard_release(void);
 IPCC_HIDDEN void ipcc_fork_guard_reset(void);
+IPCC_HIDDEN void ipcc_fork_guard_close(void); /* the fork handler of start's */
+IPCC_HIDDEN void ipcc_fork_guard_open(void);
+
+/* ---- mem.c: the tables' memory, never the program's allocator --------- */
+
+IPCC_HIDDEN void *ipcc_mem_alloc(size_t n);
+IPCC_HIDDEN void *ipcc_mem_calloc(size_t n, size_t size);
+IPCC_HIDDEN void *ipcc_mem_realloc(void *p, size_t n);
+IPCC_HIDDEN void ipcc_mem_free(void *p);
+IPCC_HIDDEN void ipcc_mem_hold(void); /* the fork handlers' */
+IPCC_HIDDEN void ipcc_mem_release(void);
+IPCC_HIDDEN void ipcc_mem_reset(void);
+/* uthash's tables and buckets too: its users include this header first. */
+#define uthash_malloc(sz) ipcc_mem_alloc(sz)
+#define uthash_free(ptr, sz) ipcc_mem_free(ptr)
 
 /* ---- proc.c: processes named by pid and start time; exit handlers ------- */
 

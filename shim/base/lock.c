@@ -1,5 +1,6 @@
 /*
- * lock.c - the table lock, the library's only lock of its own data, and
+ * lock.c - the table lock, the library's only lock of its own data (the
+ * tables' memory has its own, innermost: mem.c), and
  * the fork guard (below), which keeps forks out of a few C library calls.
  *
  * glibc's adaptive mutex: a waiter spins briefly before sleeping (critical
@@ -18,6 +19,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 
 #include "base.h"
 
@@ -84,13 +86,21 @@ void ipcc_lock_reset(void)
  * calls exit(), would wait on what this thread holds.
  */
 static pthread_mutex_t fork_guard = PTHREAD_MUTEX_INITIALIZER;
+/* Forks whose first prepare step closed the guard to new entrants (below). */
+static _Atomic int forks_closing;
 
 void ipcc_fork_guard_enter(sigset_t *saved)
 {
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, saved);
-    pthread_mutex_lock(&fork_guard);
+    for (;;) {
+        pthread_mutex_lock(&fork_guard);
+        if (!atomic_load(&forks_closing))
+            return;
+        pthread_mutex_unlock(&fork_guard); /* after the fork */
+        sched_yield();
+    }
 }
 
 void ipcc_fork_guard_leave(const sigset_t *saved)
@@ -115,4 +125,25 @@ void ipcc_fork_guard_reset(void)
 {
     static const pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     fork_guard = fresh;
+    atomic_store(&forks_closing, 0);
+}
+
+/*
+ * For the fork handler registered at start, whose prepare step runs before
+ * those of the allocators of the program's start-up: waits until the thread
+ * inside the guard, if any, is out (glibc's atexit() allocates in there, and
+ * its allocator's lock is still free), and lets nobody new in until the
+ * fork's parent or child step. It holds no lock across the other handlers:
+ * a fork begun before this handler was registered takes theirs before ours.
+ */
+void ipcc_fork_guard_close(void)
+{
+    atomic_fetch_add(&forks_closing, 1);
+    pthread_mutex_lock(&fork_guard);
+    pthread_mutex_unlock(&fork_guard);
+}
+
+void ipcc_fork_guard_open(void)
+{
+    atomic_fetch_sub(&forks_closing, 1);
 }

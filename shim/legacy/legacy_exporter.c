@@ -47,7 +47,7 @@ static void forget_all_in_child(void)
     struct exported *e, *tmp;
     HASH_ITER(hh, exported, e, tmp) {
         HASH_DEL(exported, e);
-        free(e);
+        ipcc_mem_free(e);
     }
     atomic_store(&anything_exported, 0);
 }
@@ -73,12 +73,12 @@ static void remember(uint64_t base, const void *handle)
     struct exported *e;
     ipcc_lock();
     HASH_FIND(hh, exported, &base, sizeof(base), e);
-    if (!e && (e = calloc(1, sizeof(*e))) != NULL) {
+    if (!e && (e = ipcc_mem_calloc(1, sizeof(*e))) != NULL) {
         e->base = base;
         exported_oom = 0;
         HASH_ADD(hh, exported, base, sizeof(e->base), e);
         if (exported_oom) {
-            free(e);
+            ipcc_mem_free(e);
             e = NULL;
         }
     }
@@ -104,7 +104,7 @@ static int forget(uint64_t base, unsigned char handle[IPCC_HANDLE_BYTES])
         HASH_DEL(exported, e);
     }
     ipcc_unlock();
-    free(e);
+    ipcc_mem_free(e);
     return e != NULL;
 }
 

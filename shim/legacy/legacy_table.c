@@ -409,7 +409,7 @@ static void unlink_entry(struct ipcc_cache *c, struct ipcc_entry *e)
         struct ipcc_alias *a = e->aliases;
         e->aliases = a->next;
         HASH_DELETE(hh, c->by_alias, a);
-        free(a);
+        ipcc_mem_free(a);
     }
     if (e->refs == 0) {
         DL_DELETE(c->lru, e);
@@ -435,7 +435,7 @@ static void remove_entry(struct ipcc_cache *c, struct ipcc_entry *e,
     }
     (*n)++;
     unlink_entry(c, e);
-    free(e);
+    ipcc_mem_free(e);
 }
 
 /* ---- API ---------------------------------------------------------------- */
@@ -459,7 +459,7 @@ void ipcc_cache_clear(struct ipcc_cache *c)
     struct ipcc_entry *e, *tmp;
     HASH_ITER(hh_key, c->by_key, e, tmp) {
         unlink_entry(c, e);
-        free(e);
+        ipcc_mem_free(e);
     }
 }
 
@@ -468,7 +468,7 @@ void ipcc_cache_destroy(struct ipcc_cache *c)
     if (!c)
         return;
     ipcc_cache_clear(c);
-    free(c);
+    free(c); /* aligned_alloc's, made and dropped outside the lock */
 }
 
 /* Builds a key with every byte defined (the hash covers padding too) and
@@ -556,7 +556,7 @@ int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr)
  * memory (nothing recorded). */
 static int add_alias(struct ipcc_cache *c, struct ipcc_entry *e, const struct ipcc_key *k)
 {
-    struct ipcc_alias *a = calloc(1, sizeof(*a));
+    struct ipcc_alias *a = ipcc_mem_calloc(1, sizeof(*a));
     if (!a)
         return -1;
     a->key = *k;
@@ -564,7 +564,7 @@ static int add_alias(struct ipcc_cache *c, struct ipcc_entry *e, const struct ip
     ipcc_cache_oom = 0;
     HASH_ADD_BYHASHVALUE(hh, c->by_alias, key, KEY_BYTES, k->hash, a);
     if (ipcc_cache_oom) {
-        free(a);
+        ipcc_mem_free(a);
         return -1;
     }
     a->next = e->aliases;
@@ -600,7 +600,7 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
         return add_alias(c, e, k);
     }
 
-    e = calloc(1, sizeof(*e));
+    e = ipcc_mem_calloc(1, sizeof(*e));
     if (!e)
         return -1;
     e->key = *k;
@@ -614,13 +614,13 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     ipcc_cache_oom = 0;
     HASH_ADD_BYHASHVALUE(hh_key, c->by_key, key, KEY_BYTES, k->hash, e);
     if (ipcc_cache_oom) {
-        free(e);
+        ipcc_mem_free(e);
         return -1;
     }
     HASH_ADD(hh_ptr, c->by_ptr, pkey, sizeof(e->pkey), e);
     if (ipcc_cache_oom) {
         HASH_DELETE(hh_key, c->by_key, e);
-        free(e);
+        ipcc_mem_free(e);
         return -1;
     }
     gauge_add(&c->gauges.live, 1);
@@ -672,7 +672,7 @@ enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_i
     take_back_for_close(c, e);
     if (e->refs == 0) {
         unlink_entry(c, e);
-        free(e);
+        ipcc_mem_free(e);
         return IPCC_RELEASE_PAST_ZERO;
     }
     if (--e->refs == 0) {

@@ -9,8 +9,9 @@
  * no thread and no message from us. The first intercepted call reads the
  * settings and sets everything up, once.
  *
- * The table lock (lock.c) is the library's only lock; the fork handlers
- * below take it and reset it in the child (musl's fork does the same).
+ * The table lock (lock.c) is the library's only lock of its data (with the
+ * tables' memory's, mem.c, innermost); the fork handlers below take them and
+ * reset them in the child (musl's fork does the same).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -39,7 +40,14 @@ void ipcc_life_register(const struct ipcc_life_hooks *h)
  *    (exit handlers) and dl_iterate_phdr() (the loader's object list).
  *  - in dlopen/dladdr/dlsym/dlclose (entry/resolve.c, base/driver.c): the loader's lock, which
  *    glibc's fork resets in the child; so is its TLS lock.
- *  - in malloc (tables, keysets): fork takes every arena and resets them.
+ *  - in the tables' memory (mem.c): its lock is taken last, reset too.
+ *  - in the program's allocator: never under a lock of ours, whose holder
+ *    would wait for an allocator lock that a fork handler registered after
+ *    ours took (POSIX runs it first). The tables' memory is ours (mem.c);
+ *    glibc's atexit() allocates inside the guard, which is why the handler
+ *    registered at start (below) empties the guard before any allocator's
+ *    of the program's start-up takes its lock. glibc's malloc takes its locks after every
+ *    handler and resets them.
  *  - in pthread_once (start, the driver's functions): an init under way in
  *    the parent runs again in the child; start() is safe to run twice.
  *  - in pthread_create (the helper thread): the stack list is reset.
@@ -59,25 +67,48 @@ void ipcc_life_register(const struct ipcc_life_hooks *h)
  * Registered when the library is loaded, not at start: glibc runs for a fork
  * only the handlers registered before that fork began, so a fork begun just
  * before start would otherwise copy the lock while another thread's fork
- * holds it, into a child that never resets it. Before start they take a lock
+ * holds it, into a child that never resets it. Before start they take locks
  * nobody else takes and clear empty tables: nothing a program can notice.
+ * The tables' memory (mem.c) is taken last: its holders hold nothing else.
  */
 static void before_fork(void)
 {
     ipcc_lock();
     ipcc_fork_guard_hold();
+    ipcc_mem_hold();
 }
 
 static void after_fork_parent(void)
 {
+    ipcc_mem_release();
     ipcc_fork_guard_release();
     ipcc_unlock();
 }
 
+/*
+ * Registered at start, before any exit handler's registration (ours, the
+ * stats marker's, the release helper's): after the allocators of the
+ * program's start-up, so POSIX runs its prepare step before theirs. glibc's
+ * atexit() allocates inside the fork guard; this step lets that thread out
+ * while the allocator's lock is still free, and closes the guard to others
+ * (lock.c), before the allocator's prepare step takes its lock.
+ */
+static void before_fork_late(void)
+{
+    ipcc_fork_guard_close();
+}
+
+static void after_fork_late(void)
+{
+    ipcc_fork_guard_open();
+}
+
 /* The child's mappings belong to the parent's contexts: forget them all.
- * The lock may have been taken by a thread that does not exist here. */
+ * The locks may have been taken by a thread that does not exist here. This
+ * one runs first of ours in the child (POSIX: in registration order). */
 static void after_fork_child(void)
 {
+    ipcc_mem_reset();
     ipcc_fork_guard_reset();
     ipcc_lock_reset();
     for (size_t i = 0; layers && i < IPCC_LIFE_RESETS && layers->fork_child[i]; i++)
@@ -88,6 +119,14 @@ static void after_fork_child(void)
 __attribute__((constructor)) static void watch_forks(void)
 {
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+/* Once: a child may run start again (registered twice would be harmless). */
+static void watch_forks_late(void)
+{
+    static _Atomic int registered;
+    if (!atomic_exchange(&registered, 1))
+        pthread_atfork(before_fork_late, after_fork_late, NULL); /* the child resets all */
 }
 
 /* ---- exit --------------------------------------------------------------- */
@@ -134,6 +173,7 @@ static void start(void)
         ipcc_config_say_disabled();
         return;
     }
+    watch_forks_late(); /* before any exit handler's registration */
     if (layers && layers->start && layers->start() < 0) {
         ipcc_log(IPCC_LOG_WARN, "out of memory at start; passing calls through");
         ipcc_config.disabled = 1;

@@ -165,7 +165,7 @@ void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted)
     if (ops->lost)
         ipcc_log(IPCC_LOG_WARN, "out of memory; %zu kept VMM resources stay until exit",
                  ops->lost);
-    free(ops->v);
+    ipcc_mem_free(ops->v);
     ops->v = NULL;
     ops->n = ops->cap = ops->lost = 0;
 }

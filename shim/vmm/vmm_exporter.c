@@ -81,8 +81,8 @@ int ipcc_vmm_tag_fd(const void *tag)
 static void forget(struct exported *e)
 {
     HASH_DEL(exported, e);
-    free(e->ex);
-    free(e);
+    ipcc_mem_free(e->ex);
+    ipcc_mem_free(e);
 }
 
 /* Fork child: the parent's allocations are not the child's to release. */
@@ -124,16 +124,16 @@ static int add(uint64_t handle, struct fd_export x)
 {
     struct exported *e;
     HASH_FIND(hh, exported, &handle, sizeof(handle), e);
-    if (!e && (e = calloc(1, sizeof(*e))) != NULL) {
+    if (!e && (e = ipcc_mem_calloc(1, sizeof(*e))) != NULL) {
         e->handle = handle;
         exports_oom = 0;
         HASH_ADD(hh, exported, handle, sizeof(e->handle), e);
         if (exports_oom) {
-            free(e);
+            ipcc_mem_free(e);
             e = NULL;
         }
     }
-    struct fd_export *grown = e ? realloc(e->ex, (e->n + 1) * sizeof(*e->ex)) : NULL;
+    struct fd_export *grown = e ? ipcc_mem_realloc(e->ex, (e->n + 1) * sizeof(*e->ex)) : NULL;
     if (!grown) {
         if (e && e->n == 0)
             forget(e);
@@ -217,6 +217,6 @@ void ipcc_vmm_exporter_release(uint64_t handle)
         if (e->ex[i].listed)
             ipcc_ledger_unpublish(tag);
     }
-    free(e->ex);
-    free(e);
+    ipcc_mem_free(e->ex);
+    ipcc_mem_free(e);
 }

@@ -28,7 +28,7 @@ int ipcc_vmm_grow(void **arr, size_t *cap, size_t need, size_t elem)
     size_t n = *cap ? *cap * 2 : 16;
     while (n < need)
         n *= 2;
-    void *p = realloc(*arr, n * elem);
+    void *p = ipcc_mem_realloc(*arr, n * elem);
     if (!p)
         return -1;
     *arr = p;
@@ -75,7 +75,7 @@ int ipcc_vmm_ops_push(struct ipcc_vmm_ops *o, enum ipcc_vmm_op op, uint64_t addr
 /* same may be NULL: the comparator then checks guesses too. */
 struct ipcc_vmm_table *ipcc_vmm_table_create(ipcc_vmm_cmp_fn cmp, ipcc_vmm_same_fn same)
 {
-    struct ipcc_vmm_table *t = calloc(1, sizeof(*t));
+    struct ipcc_vmm_table *t = ipcc_mem_calloc(1, sizeof(*t));
     if (t) {
         t->cmp = cmp;
         t->same = same;
@@ -92,11 +92,11 @@ void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)(int))
     for (size_t i = 0; i < t->nimports; i++) {
         if (close_fd && !t->by_id[i]->id.fabric)
             close_fd(t->by_id[i]->id.fd);
-        free(t->by_id[i]);
+        ipcc_mem_free(t->by_id[i]);
     }
     for (size_t i = 0; i < t->nres; i++) {
-        free(t->res[i]->chunks);
-        free(t->res[i]);
+        ipcc_mem_free(t->res[i]->chunks);
+        ipcc_mem_free(t->res[i]);
     }
     t->nimports = t->nres = t->nreleasing = t->nfds = 0;
     t->last_found = NULL;
@@ -111,11 +111,11 @@ void ipcc_vmm_table_destroy(struct ipcc_vmm_table *t, void (*close_fd)(int))
     if (!t)
         return;
     ipcc_vmm_table_clear(t, close_fd);
-    free(t->by_id);
-    free(t->by_handle);
-    free(t->res);
-    free(t->releasing);
-    free(t);
+    ipcc_mem_free(t->by_id);
+    ipcc_mem_free(t->by_handle);
+    ipcc_mem_free(t->res);
+    ipcc_mem_free(t->releasing);
+    ipcc_mem_free(t);
 }
 
 const struct ipcc_vmm_gauges *ipcc_vmm_table_gauges(const struct ipcc_vmm_table *t)
@@ -350,7 +350,7 @@ int ipcc_vmm_import_insert(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *i
         ipcc_vmm_grow((void **)&t->by_handle, &t->caphandles, t->nimports + 1,
                       sizeof(*t->by_handle)) < 0)
         return -1;
-    struct ipcc_vmm_import *m = calloc(1, sizeof(*m));
+    struct ipcc_vmm_import *m = ipcc_mem_calloc(1, sizeof(*m));
     if (!m)
         return -1;
     m->id = *id;
@@ -440,7 +440,7 @@ void ipcc_vmm_drop_import(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m,
     if (!m->id.fabric)
         ipcc_vmm_fd_unclaim(t); /* closed right after the lock */
     note_releasing(t, m->handle);
-    free(m);
+    ipcc_mem_free(m);
 }
 
 int ipcc_vmm_import_lone_idle(const struct ipcc_vmm_import *m)

@@ -73,7 +73,7 @@ static int grow(struct ipcc_vmm_predict *p)
     size_t cap = p->cap ? p->cap * 2 : MIN_SLOTS;
     if (cap > MAX_SLOTS)
         return -1;
-    struct ipcc_vmm_successor *slots = calloc(cap, sizeof(*slots));
+    struct ipcc_vmm_successor *slots = ipcc_mem_calloc(cap, sizeof(*slots));
     if (!slots)
         return -1;
     struct ipcc_vmm_predict bigger = { slots, cap, 0 };
@@ -81,7 +81,7 @@ static int grow(struct ipcc_vmm_predict *p)
         if (p->slots[i].next)
             *find(&bigger, &p->slots[i].context) = p->slots[i];
     bigger.n = p->n;
-    free(p->slots);
+    ipcc_mem_free(p->slots);
     *p = bigger;
     return 0;
 }
@@ -146,6 +146,6 @@ uint64_t ipcc_vmm_predict_next(const struct ipcc_vmm_predict *p, const struct ip
 
 void ipcc_vmm_predict_clear(struct ipcc_vmm_predict *p)
 {
-    free(p->slots);
+    ipcc_mem_free(p->slots);
     memset(p, 0, sizeof(*p));
 }

@@ -66,7 +66,7 @@ int ipcc_vmm_reserve_track(struct ipcc_vmm_table *t, uint64_t addr, uint64_t siz
 {
     if (ipcc_vmm_grow((void **)&t->res, &t->capres, t->nres + 1, sizeof(*t->res)) < 0)
         return -1;
-    struct ipcc_vmm_range *r = calloc(1, sizeof(*r));
+    struct ipcc_vmm_range *r = ipcc_mem_calloc(1, sizeof(*r));
     if (!r)
         return -1;
     r->addr = addr;
@@ -505,8 +505,8 @@ static void res_remove(struct ipcc_vmm_table *t, size_t index)
 {
     struct ipcc_vmm_range *r = t->res[index];
     set_idle(t, r, 0);
-    free(r->chunks);
-    free(r);
+    ipcc_mem_free(r->chunks);
+    ipcc_mem_free(r);
     t->res[index] = t->res[--t->nres];
 }
 

@@ -1417,26 +1417,48 @@ static int window_fork_in_phdr(void)
 /* "alloc_fork", with tests/process/alloc_lock_lib.c preloaded ahead: a
  * thread's miss allocates while it holds ipccache's table lock, and the main
  * thread forks then, with an allocator whose fork handler was registered
- * after ipccache's; the child opens and exits, and the miss completes. */
+ * after ipccache's; the child opens and exits, and the miss completes.
+ * "alloc_fork_atexit": the allocator's handler registered before ipccache's
+ * start, the allocation is glibc's in the exit handlers' registration (the
+ * first open's, inside the fork guard), and the fork comes then. */
+static void open_and_close(CUipcMemHandle h)
+{
+    drv.ctx_set_current(window.ctx);
+    CUdeviceptr p = 0;
+    if (drv.ipc_open(&p, h, LAZY) == CUDA_SUCCESS)
+        drv.ipc_close(p);
+}
+
 static void *alloc_fork_miss(void *arg)
 {
     (void)arg;
-    drv.ctx_set_current(window.ctx);
-    CUdeviceptr p = 0;
-    if (drv.ipc_open(&p, foreign_handle(2), LAZY) == CUDA_SUCCESS)
-        drv.ipc_close(p);
+    open_and_close(foreign_handle(2));
     return NULL;
 }
 
-static int window_alloc_fork(void)
+static void *alloc_fork_first_open(void *arg)
+{
+    (void)arg;
+    open_and_close(window.h);
+    return NULL;
+}
+
+static int window_alloc_fork(int at_start)
 {
     alarm(10); /* a hang ends, as a failure */
-    CUdeviceptr p = 0;
-    CHECK(drv.ipc_open(&p, window.h, LAZY)); /* started: its own allocations are done */
-    CHECK(drv.ipc_close(p));
-    ((void (*)(void))window_hook("alloc_lock_arm"))();
+    if (at_start && ((int (*)(void))window_hook("alloc_lock_fill_exit_block"))() != 0)
+        die(EXIT_SETUP, "glibc's exit handlers are not laid out in blocks of 32");
+    if (!at_start) {
+        CUdeviceptr p = 0;
+        CHECK(drv.ipc_open(&p, window.h, LAZY)); /* started: its own allocations are done */
+        CHECK(drv.ipc_close(p));
+    }
+    ((void (*)(void))window_hook(at_start ? "alloc_lock_arm_registration" : "alloc_lock_arm"))();
     fflush(stdout);
-    return fork_in_window(alloc_fork_miss, (int (*)(void))window_hook("alloc_lock_wait_open"));
+    int bad = fork_in_window(at_start ? alloc_fork_first_open : alloc_fork_miss,
+                             (int (*)(void))window_hook("alloc_lock_wait_open"));
+    put("allocs_under_lock", (int)((long (*)(void))window_hook("alloc_lock_under_lock"))());
+    return bad;
 }
 
 static int scenario_window(int argc, char **argv)
@@ -1451,8 +1473,8 @@ static int scenario_window(int argc, char **argv)
         return window_exit_in_atexit();
     if (strcmp(what, "fork_in_phdr") == 0)
         return window_fork_in_phdr();
-    if (strcmp(what, "alloc_fork") == 0)
-        return window_alloc_fork();
+    if (strcmp(what, "alloc_fork") == 0 || strcmp(what, "alloc_fork_atexit") == 0)
+        return window_alloc_fork(strcmp(what, "alloc_fork_atexit") == 0);
     window.phdr = strcmp(what, "phdr") == 0;
     if (!window.phdr && ((int (*)(void))window_hook("window_fill_exit_block"))() != 0)
         die(EXIT_SETUP, "glibc's exit handlers are not laid out in blocks of 32");
@@ -1490,7 +1512,7 @@ static const struct {
     { "fork", scenario_fork, "[unguarded]" },
     { "fork_hitting", scenario_fork_hitting, "" },
     { "fork_at_start", scenario_fork_at_start, "" },
-    { "window", scenario_window, "atexit|phdr|sigaction|exit_in_atexit|fork_in_phdr|alloc_fork" },
+    { "window", scenario_window, "atexit|phdr|sigaction|exit_in_atexit|fork_in_phdr|alloc_fork|alloc_fork_atexit" },
 };
 
 int main(int argc, char **argv)

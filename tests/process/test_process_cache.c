@@ -303,23 +303,37 @@ Test(process_cache, fork_from_a_signal_while_checking_the_load_order_forks, .tim
     expect_kv(&p, "handler_child_exit", 0);
 }
 
-Test(process_cache, fork_while_a_miss_allocates_under_the_lock_with_a_later_allocator_handler, .timeout = 30)
+/* The probe's alloc_fork scenarios, with tests/process/alloc_lock_lib.c
+ * preloaded ahead; under_lock: the allocator calls made under a lock of
+ * ipccache's (glibc's own in atexit() is the one that stays). */
+static void run_alloc_fork(struct proc *p, const char *what, long under_lock)
 {
-    /* A fork while another thread allocates holding ipccache's table lock, the allocator's own lock taken by a fork handler registered after ipccache's (POSIX runs it first): the fork completes, its child opens and exits, and the miss returns. */
-    if (getenv("IPCC_TEST_PRELOAD_PREFIX"))
-        cr_skip_test("the sanitizer's runtime owns the allocator");
-    /* Known to hang today (issue 26): the fork's prepare step, holding the allocator's lock,
-     * waits for the table lock, whose holder waits for the allocator's lock. */
-    if (!getenv("IPCC_TEST_KNOWN_HANGS"))
-        cr_skip_test("known hang, not fixed yet; IPCC_TEST_KNOWN_HANGS=1 runs it");
-    struct proc p;
     char *preload = format("LD_PRELOAD=%s/tests/liballoclock.so:%s/libipccache.so", build_dir,
                            build_dir);
-    probe(&p, ENV(preload), "window", "alloc_fork");
+    probe(p, ENV(preload), "window", what);
     free(preload);
-    expect_quiet_success(&p);
-    expect_kv(&p, "window_opened", 1);
-    expect_kv(&p, "child_exit", 0);
+    expect_quiet_success(p);
+    expect_kv(p, "window_opened", 1);
+    expect_kv(p, "child_exit", 0);
+    expect_kv(p, "allocs_under_lock", under_lock);
+}
+
+Test(process_cache, fork_while_a_miss_allocates_under_the_lock_with_a_later_allocator_handler, .timeout = 30)
+{
+    /* A fork while another thread's miss allocates holding ipccache's table lock, the allocator's own lock taken by a fork handler registered after ipccache's (POSIX runs it first): the tables' memory is ipccache's own, so the miss needs no allocator lock, the fork completes, its child opens and exits, and no allocator call was made under a lock of ipccache's. */
+    if (getenv("IPCC_TEST_PRELOAD_PREFIX"))
+        cr_skip_test("the sanitizer's runtime owns the allocator");
+    struct proc p;
+    run_alloc_fork(&p, "alloc_fork", 0);
+}
+
+Test(process_cache, fork_while_registering_exit_handlers_allocates_with_an_earlier_allocator_handler, .timeout = 30)
+{
+    /* A fork while the first open registers ipccache's exit handler and glibc allocates a new block of them (inside the fork guard), with an allocator whose fork handler registered before ipccache started: the fork handler ipccache registers at start runs first and waits for the guard while the allocator's lock is still free, so the registration completes and the fork does. */
+    if (getenv("IPCC_TEST_PRELOAD_PREFIX"))
+        cr_skip_test("the sanitizer's runtime owns the allocator");
+    struct proc p;
+    run_alloc_fork(&p, "alloc_fork_atexit", 1);
 }
 
 Test(process_cache, stats_signal_while_installing_reaches_the_programs_handler, .timeout = 20)

@@ -41,6 +41,15 @@ LD_PRELOAD=$preload "$prog" 22 20 >"$tmp/out" 2>&1
 check "standin_rl: with it the same rebuilds, and no step after the first makes a real call" \
     grep -q 'chunks_per_step=201 .*real_per_step: imports=0.0 reserves=0.0 maps=0.0 set_access=0.0 unmaps=0.0' "$tmp/out"
 
+# Its VMM tables grow and shrink under the table lock, which the fork handlers take: the
+# allocator ahead of the library (tests/process/alloc_lock_lib.c) counts its calls made
+# under a lock of ipccache's, and there must be none (docs/limits.md, Other interposers).
+if [[ -z ${IPCC_TEST_PRELOAD_PREFIX:-} ]]; then
+    ALLOC_LOCK_REPORT=1 LD_PRELOAD=$build/tests/liballoclock.so:$lib "$prog" 22 20 >"$tmp/out" 2>&1
+    check "standin_rl: no allocator call under a lock of ipccache's" \
+        bash -c '! grep -q "^alloc_lock:" "$1" && grep -q "imports=0.0" "$1"' _ "$tmp/out"
+fi
+
 # field NAME FILE: the value printed as NAME=value.
 field() { grep -o "$1=[0-9.]*" "$2" | head -1 | cut -d= -f2; }
 # at_most A B: A <= B (decimals).

@@ -29,6 +29,8 @@
 #include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
+
+#include "exit_registration.h"
 #define WIDE_NS 300000000L /* the window: long next to a fork, short next to a test */
 
 EXPORT void window_arm(void);
@@ -39,7 +41,6 @@ EXPORT int window_raised(void);
 extern void *__libc_calloc(size_t, size_t); /* dlsym itself may call calloc */
 
 static atomic_int armed, opened, raised;
-static __thread int in_registration;
 /* volatile: the compiler takes calloc for the builtin, which changes nothing else */
 static __thread volatile long callocs_in_registration;
 
@@ -95,35 +96,14 @@ EXPORT void *calloc(size_t n, size_t size)
     return __libc_calloc(n, size);
 }
 
-EXPORT int __cxa_atexit(void (*fn)(void *), void *arg, void *dso)
+static long callocs_so_far(void)
 {
-    static int (*real)(void (*)(void *), void *, void *);
-    if (!real)
-        real = (int (*)(void (*)(void *), void *, void *))dlsym(RTLD_NEXT, "__cxa_atexit");
-    in_registration++;
-    int rc = real(fn, arg, dso);
-    in_registration--;
-    return rc;
+    return callocs_in_registration;
 }
 
-static void nothing(void)
-{
-}
-
-/* Registers exit handlers until glibc's list has just filled a block: the
- * next registration allocates. -1 if none allocated (not glibc's layout). */
 int window_fill_exit_block(void)
 {
-    for (int i = 0; i < 100; i++) {
-        long before = callocs_in_registration;
-        atexit(nothing);
-        if (callocs_in_registration != before) {
-            for (int j = 1; j < 32; j++) /* a block holds 32 */
-                atexit(nothing);
-            return 0;
-        }
-    }
-    return -1;
+    return fill_exit_block(callocs_so_far);
 }
 
 /* ---- dl_iterate_phdr ---------------------------------------------------- */

@@ -9,14 +9,14 @@
 
 static struct ipcc_cache *cache;
 
-/* The link wraps calloc (the Makefile's --wrap; the names are the linker's):
- * while this is set, every allocation of the table fails. */
+/* The link wraps the tables' calloc (the Makefile's --wrap; the names are
+ * the linker's): while this is set, every allocation of the table fails. */
 static int fail_calloc;
-void *__real_calloc(size_t n, size_t size);
-void *__wrap_calloc(size_t n, size_t size);
-void *__wrap_calloc(size_t n, size_t size)
+void *__real_ipcc_mem_calloc(size_t n, size_t size);
+void *__wrap_ipcc_mem_calloc(size_t n, size_t size);
+void *__wrap_ipcc_mem_calloc(size_t n, size_t size)
 {
-    return fail_calloc ? NULL : __real_calloc(n, size);
+    return fail_calloc ? NULL : __real_ipcc_mem_calloc(n, size);
 }
 static unsigned char handle_bytes[IPCC_HANDLE_BYTES];
 

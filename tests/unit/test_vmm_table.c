@@ -160,7 +160,7 @@ Test(vmm_table, repeated_order_takes_one_comparison_each, .timeout = 10)
     for (int i = 0; i < 63; i++)
         cr_assert_neq(t->by_id[i]->next_found, gone, "a prediction left to freed memory");
     cr_assert_eq(find(t, 9, 531, &h), 0, "a dropped import is not found");
-    free(ops.v);
+    ipcc_mem_free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
@@ -296,7 +296,7 @@ Test(vmm_table, evicted_import_is_released_until_really_released, .timeout = 10)
     ipcc_vmm_release_done(t, 0xa1);
     cr_assert_eq(ipcc_vmm_release(t, 0xa1, 7), IPCC_RELEASE_NOT_FOUND);
     cr_assert_eq(ipcc_vmm_import_released(t, 0xa1), 0);
-    free(ops.v);
+    ipcc_mem_free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
@@ -377,7 +377,7 @@ Test(vmm_table, other_allocation_unmaps_the_kept_chunk, .timeout = 10)
     cr_assert_eq(ops.n, 1);
     cr_assert_eq(ops.v[0].op, IPCC_VMM_UNMAP);
     cr_assert_eq(ops.v[0].addr, R + G);
-    free(ops.v);
+    ipcc_mem_free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
@@ -518,7 +518,7 @@ Test(vmm_table, reserve_first_follows_what_a_range_holds_now, .timeout = 10)
     ipcc_vmm_rebuild_done(t, &h, k1); /* a2 -> a1 learnt again; now after a1: a2 */
     cr_assert_eq(ipcc_vmm_reserve_next(t, G, 0, &h, 12, &addr), 1);
     cr_assert_eq(addr, R, "the most recently used of the two holding a2");
-    free(ops.v);
+    ipcc_mem_free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
@@ -578,7 +578,7 @@ Test(vmm_table, blind_range_keeps_nothing_it_cannot_see, .timeout = 10)
     cr_assert_eq(ipcc_vmm_unmap(t, S, 2 * G, 7, &ops), IPCC_VMM_DONE, "no hole: kept");
     cr_assert_eq(ipcc_vmm_free(t, S, 2 * G, 7, &ops), IPCC_VMM_DONE, "filled: kept idle");
     cr_assert_eq(ops.n, 2);
-    free(ops.v);
+    ipcc_mem_free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
@@ -606,7 +606,7 @@ Test(vmm_table, eviction_tears_down_a_segment, .timeout = 10)
     cr_assert_eq(ipcc_vmm_table_imports(t), 0);
     cr_assert_not(ipcc_vmm_oldest_idle(t, &ns));
     cr_assert_eq(ipcc_vmm_evict_one(t, &ops), 0);
-    free(ops.v);
+    ipcc_mem_free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
@@ -620,7 +620,7 @@ Test(vmm_table, hint_on_idle_range_gives_way, .timeout = 10)
     cr_assert_eq(ops.n, 3);
     cr_assert_eq(ops.v[2].op, IPCC_VMM_FREE);
     cr_assert_eq(ipcc_vmm_table_imports(t), 2);
-    free(ops.v);
+    ipcc_mem_free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
@@ -674,7 +674,7 @@ Test(vmm_table, take_idle_by_tag_tears_down_the_export, .timeout = 10)
     cr_assert_eq(ipcc_vmm_table_imports(t), 1);
     uint64_t h = 0;
     cr_assert_eq(find(t, 7, 2, &h), 1, "the other export's import was dropped");
-    free(ops.v);
+    ipcc_mem_free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
@@ -697,7 +697,7 @@ Test(vmm_table, take_idle_by_tag_leaves_what_the_app_uses, .timeout = 10)
     cr_assert_eq(ops.v[0].addr, R + G);
     cr_assert_eq(ops.v[1].op, IPCC_VMM_RELEASE);
     cr_assert_eq(ops.v[1].handle, 0xa2);
-    free(ops.v);
+    ipcc_mem_free(ops.v);
     ipcc_vmm_table_destroy(t, NULL);
 }
 
