@@ -125,5 +125,6 @@ IPCC_HIDDEN void ipcc_ghost_let_go(const void *handle);
 IPCC_HIDDEN void ipcc_ghost_after_close(void);
 IPCC_HIDDEN uint64_t ipcc_ghost_bytes(void);
 IPCC_HIDDEN void ipcc_ghost_fork_child(void);
+IPCC_HIDDEN void ipcc_legacy_exporter_fork_child(void); /* forgets the parent's exports */
 
 #endif

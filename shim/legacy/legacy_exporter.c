@@ -39,10 +39,10 @@ struct exported {
 
 static struct exported *exported;   /* under the table lock */
 static _Atomic int anything_exported;
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
-/* Fork child: the parent's allocations are not the child's to free. */
-static void forget_all_in_child(void)
+/* Fork child (entry/wiring.c's list): the parent's allocations are not the
+ * child's to free. */
+void ipcc_legacy_exporter_fork_child(void)
 {
     struct exported *e, *tmp;
     HASH_ITER(hh, exported, e, tmp) {
@@ -50,11 +50,6 @@ static void forget_all_in_child(void)
         ipcc_mem_free(e);
     }
     atomic_store(&anything_exported, 0);
-}
-
-static void watch_forks(void)
-{
-    pthread_atfork(NULL, NULL, forget_all_in_child);
 }
 
 /* The allocation's base: the driver hands out one handle per allocation,
@@ -119,7 +114,6 @@ int ipcc_exporter_get_handle(void *handle, uint64_t dptr)
     ipcc_lifecycle_start();
     if (ipcc_config.disabled)
         return rc;
-    pthread_once(&fork_once, watch_forks);
     remember(base_of(dptr), handle);
     ipcc_ledger_publish(handle); /* unknown to the ledger: importers ask for all */
     return rc;

@@ -18,13 +18,14 @@ static inline void ipcc_lifecycle_start(void)
 }
 
 /* What the layers above have run at start, exit and fork (entry/wiring.c
- * registers it at load). No CUDA call in fork_child: the child's driver
- * state is not usable. */
-#define IPCC_LIFE_RESETS 8
+ * registers it at load). fork_child is every layer's reset, the one list,
+ * run in its order by the one child handler (lifecycle.c); no CUDA call in
+ * them: the child's driver state is not usable. */
 struct ipcc_life_hooks {
     int (*start)(void);          /* at the first IPC call; < 0: out of memory */
     void (*release_idle)(void);  /* at exit, after the stats line */
-    void (*fork_child[IPCC_LIFE_RESETS])(void); /* in order; NULL ends */
+    void (*const *fork_child)(void);
+    size_t fork_children;
 };
 IPCC_HIDDEN void ipcc_life_register(const struct ipcc_life_hooks *h);
 

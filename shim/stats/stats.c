@@ -393,11 +393,16 @@ static int install(int sig)
     return 0;
 }
 
-/* A fork child inherits the handler: it announces itself with its own
- * marker. Async-signal-safe. */
-static void child_marker(void)
+static _Atomic int handler_installed;
+
+/* Fork child (entry/wiring.c's list, last): its counts start at zero, and
+ * since it inherits the handler, it announces itself with its own marker.
+ * Async-signal-safe. */
+void ipcc_stats_fork_child(void)
 {
-    ipcc_marker_write(ipcc_config.stats_signal, request_dir);
+    ipcc_stats_reset();
+    if (atomic_load(&handler_installed))
+        ipcc_marker_write(ipcc_config.stats_signal, request_dir);
 }
 
 /* Installed at the first intercepted IPC call, never earlier: a process that
@@ -413,5 +418,5 @@ void ipcc_stats_install_handler(void)
     if (sig == 0 || install(sig) != 0)
         return;
     ipcc_marker_write(sig, request_dir);
-    pthread_atfork(NULL, NULL, child_marker);
+    atomic_store(&handler_installed, 1);
 }

@@ -175,6 +175,8 @@ IPCC_HIDDEN int ipcc_vmm_same_file(int fd_a, int fd_b); /* an ipcc_vmm_same_fn *
 IPCC_HIDDEN int ipcc_vmm_id_of(struct ipcc_vmm_id *id, void *os_handle, int type);
 IPCC_HIDDEN int ipcc_vmm_identity_works(const struct ipcc_vmm_id *id);
 IPCC_HIDDEN void ipcc_vmm_identity_fork_child(void); /* forgets the pid kcmp uses */
+IPCC_HIDDEN void ipcc_vmm_exporter_fork_child(void); /* forgets the parent's exports */
+IPCC_HIDDEN void ipcc_vmm_importer_fork_child(void); /* doomed tags, ghost bytes, the guess */
 IPCC_HIDDEN int32_t ipcc_vmm_self_pid(void);         /* getpid, asked once per process */
 
 /* ---- vmm_fds.c: the dups kept as identities, bounded ------------------- */

@@ -60,7 +60,6 @@ struct exported {
 static struct exported *exported;
 static _Atomic int anything_exported;
 static _Atomic uint64_t next_serial;
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
 static void tag_of(unsigned char out[IPCC_HANDLE_BYTES], const struct fd_export *x)
 {
@@ -85,18 +84,14 @@ static void forget(struct exported *e)
     ipcc_mem_free(e);
 }
 
-/* Fork child: the parent's allocations are not the child's to release. */
-static void forget_all_in_child(void)
+/* Fork child (entry/wiring.c's list): the parent's allocations are not the
+ * child's to release. */
+void ipcc_vmm_exporter_fork_child(void)
 {
     struct exported *e, *tmp;
     HASH_ITER(hh, exported, e, tmp)
         forget(e);
     atomic_store(&anything_exported, 0);
-}
-
-static void watch_forks(void)
-{
-    pthread_atfork(NULL, NULL, forget_all_in_child);
 }
 
 /* ---- export ----------------------------------------------------------------- */
@@ -177,7 +172,6 @@ int ipcc_vmm_export_call(void *out, uint64_t handle, int type, unsigned long lon
     ipcc_lifecycle_start();
     if (ipcc_config.disabled || !ipcc_config.vmm)
         return rc;
-    pthread_once(&fork_once, watch_forks);
     remember(handle, *(int *)out);
     return rc;
 }

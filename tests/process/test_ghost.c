@@ -908,6 +908,15 @@ static char *stats_of(const char *name, char *buf, size_t cap)
     return buf;
 }
 
+/* An exporter, and an importer that writes its stats line at exit to
+ * <tmpdir>/importer.stats (stats_of reads it). */
+static void start_counted_pair(struct peer *exp, struct peer *imp)
+{
+    start(exp, "exporter", NULL);
+    start(imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                               format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+}
+
 /* ---- both kinds: the same outcome for a legacy handle and a VMM export ---- */
 
 /* A kind by index: Criterion copies a parameter into the test's own process,
@@ -965,9 +974,7 @@ ParameterizedTest(int *kind, ghost, idle_import_lets_go_before_the_free_returns,
 {
     /* An importer's idle cached mapping (VMM: import, reservation and mapping) is closed before the exporter's free (cuMemRelease) returns, so the bytes come back. */
     struct peer exp, imp;
-    start(&exp, "exporter", NULL);
-    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
-                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    start_counted_pair(&exp, &imp);
     struct either e = export_by(*kind, &exp, 64 * MIB);
     import_by(&imp, &e, 1);
     cr_assert(eq(u64, phys(), 64 * MIB));
@@ -1050,9 +1057,7 @@ Test(ghost, vmm_idle_import_is_still_a_hit_before_the_release, .timeout = 40)
 {
     /* Until the exporter releases, the importer's second rebuild of the export is served from the cache. */
     struct peer exp, imp;
-    start(&exp, "exporter", NULL);
-    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
-                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    start_counted_pair(&exp, &imp);
     struct vmm_exported e = vmm_export(&exp, 8 * MIB);
     vmm_import(&imp, &e, 1);
     vmm_import(&imp, &e, 1);
@@ -1089,9 +1094,7 @@ Test(ghost, vmm_live_import_is_counted_in_ghost_bytes, .timeout = 40)
 {
     /* An import still mapped when its exporter releases is in the stats line's ghost_bytes. */
     struct peer exp, imp;
-    start(&exp, "exporter", NULL);
-    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
-                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    start_counted_pair(&exp, &imp);
     struct vmm_exported e = vmm_export(&exp, 64 * MIB);
     vmm_import(&imp, &e, 0);
     vmm_release(&exp, &e);
@@ -1101,6 +1104,25 @@ Test(ghost, vmm_live_import_is_counted_in_ghost_bytes, .timeout = 40)
     char stats[4096];
     stats_of("importer", stats, sizeof(stats));
     cr_assert_not_null(strstr(stats, "\"ghost_bytes\":67108864,"), "%s", stats);
+}
+
+Test(ghost, vmm_fork_child_of_importer_counts_no_ghost_bytes, .timeout = 40)
+{
+    /* The parent's import still mapped after its exporter released is the parent's ghost: a fork child's stats line counts none. */
+    struct peer exp, imp;
+    start_counted_pair(&exp, &imp);
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    vmm_import(&imp, &e, 0);
+    vmm_release(&exp, &e);
+    cr_assert_eq(ok(&imp, ask(&imp, "fork_exit")), 0);
+    char stats[4096];
+    stats_of("importer", stats, sizeof(stats));
+    char *parent = format("\"pid\":%d,", (int)imp.pid);
+    cr_assert_null(strstr(stats, parent), "not the child's line: %s", stats);
+    free(parent);
+    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":0,"), "the child's line: %s", stats);
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
 }
 
 Test(ghost, vmm_exporter_without_the_library_keeps_as_before, .timeout = 40)

@@ -151,8 +151,12 @@ def check_layers():
 
 
 def check_comments():
-    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True,
-                             text=True, check=True).stdout.split()
+    git = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True)
+    if git.returncode == 0:
+        tracked = git.stdout.split()
+    else:  # a copy of the tree without its history: every file but the build's
+        tracked = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()
+                   and p.relative_to(ROOT).parts[0] not in ("build", ".git")]
     # A path's tail names it too (the files of shim/ go without "shim/").
     names = {"/".join(f.split("/")[i:]) for f in tracked for i in range(f.count("/") + 1)}
     names |= EXTERNAL

@@ -31,6 +31,11 @@ else
     not_ok "layers: $build/shim is built"
 fi
 
+# The fork handlers are registered in one file; every reset runs from its list.
+atfork=$(cd "$root" && grep -rl 'pthread_atfork' shim --include='*.c' --include='*.h')
+check "layers: only shim/life/lifecycle.c registers fork handlers (found: $atfork)" \
+    test "$atfork" = shim/life/lifecycle.c
+
 # Two files that call each other, then the same two calling one way.
 mkdir -p "$tmp/circle/low" "$tmp/oneway"
 printf 'void high(void);\nvoid low(void) { high(); }\n' >"$tmp/low.c"
