@@ -47,8 +47,8 @@ SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c shim/base/driver.c \
            shim/base/mem.c
 # The pure tables (unit-tested without CUDA).
-LEGACY_TABLE = shim/legacy/legacy_table.c
-VMM_TABLE    = shim/vmm/vmm_imports.c shim/vmm/vmm_ranges.c shim/vmm/vmm_predict.c
+LEGACY_TABLE = shim/tables/legacy_table.c
+VMM_TABLE    = shim/tables/vmm_table.c shim/tables/vmm_ranges.c shim/tables/vmm_predict.c
 # The release ledger alone (unit-tested without CUDA).
 LEDGER_SRC = shim/ledger/ledger.c shim/ledger/ledger_request.c
 # The settings parser and what it needs (also ipccache-config).

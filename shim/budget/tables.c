@@ -1,6 +1,6 @@
 /*
  * tables.c - the layer below both kinds of mapping: it owns the legacy IPC
- * table (legacy_table.c) and the VMM table (vmm_imports.c, vmm_ranges.c). It
+ * table (legacy_table.c) and the VMM table (vmm_table.c, vmm_ranges.c). It
  * creates them, forgets them in a fork child, totals their gauges for the
  * stats, and keeps the one idle budget: IPCCACHE_MAX_IDLE_BYTES and
  * IPCCACHE_MAX_IDLE_ENTRIES count idle legacy mappings and idle VMM imports

@@ -194,7 +194,7 @@ static void make_lent_key(void)
 }
 
 /* Lock held, after this thread's hit or insert: lends it the entry if the
- * idle budget has room for it (legacy/legacy_table.c says why). Without a way to give it
+ * idle budget has room for it (tables/legacy_table.c says why). Without a way to give it
  * back at thread exit, or once that has run, nothing is lent. */
 static void lend_here(void)
 {

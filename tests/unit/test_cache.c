@@ -5,7 +5,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "legacy.h"
+#include "legacy_table.h"
 
 static struct ipcc_cache *cache;
 

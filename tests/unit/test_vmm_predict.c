@@ -1,13 +1,12 @@
 /*
- * test_vmm_predict.c - which rebuild follows which (shim/vmm/vmm_predict.c)
+ * test_vmm_predict.c - which rebuild follows which (shim/tables/vmm_predict.c)
  * alone: no CUDA, no preload.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmm.h"
-#include "vmm_table.h"
+#include "vmm_table_impl.h"
 
 #define G (2ULL << 20)
 

@@ -1,5 +1,5 @@
 /*
- * test_vmm_table.c - the VMM path's table alone (shim/vmm/vmm_imports.c, vmm_ranges.c; the
+ * test_vmm_table.c - the VMM path's table alone (shim/tables/vmm_table.c, vmm_ranges.c; the
  * predictor: test_vmm_predict.c): no CUDA,
  * no preload. File descriptions are played by numbers: desc[fd] is the
  * description fd names, and the comparator orders those as kcmp would.
@@ -8,8 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmm.h"
-#include "vmm_table.h"
+#include "vmm_table_impl.h"
 
 #define G (2ULL << 20)
 
