@@ -35,7 +35,7 @@ ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
 # The library's layers, top to bottom: each folder one layer, declared once in
 # shim/layers.txt (tests/tools/check_layers.py holds the calls to that order).
-SHIM_DIRS := $(shell sed -e 's/\#.*//' -e '/^ *allow /d' shim/layers.txt)
+SHIM_DIRS := $(shell sed -e 's/\#.*//' shim/layers.txt)
 SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            shim/legacy/legacy_calls.c shim/legacy/legacy_close.c shim/legacy/legacy_exporter.c \
            shim/legacy/legacy_importer.c \

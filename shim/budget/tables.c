@@ -32,9 +32,12 @@ int ipcc_tables_start(void)
     return c ? 0 : -1;
 }
 
+static _Atomic(ipcc_vmm_cmp_fn) vmm_cmp; /* the kind's, given at the first import */
+static _Atomic(ipcc_vmm_same_fn) vmm_same;
+
 static void create_vmm(void)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table_create(ipcc_vmm_kcmp, ipcc_vmm_same_file);
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(atomic_load(&vmm_cmp), atomic_load(&vmm_same));
     if (!t)
         ipcc_log(IPCC_LOG_WARN, "out of memory; VMM imports are not cached");
     atomic_store(&vmm, t);
@@ -42,8 +45,10 @@ static void create_vmm(void)
 
 /* At the first import (vmm_calls.c): a process that never imports has no VMM
  * table. NULL when out of memory. */
-struct ipcc_vmm_table *ipcc_tables_vmm_start(void)
+struct ipcc_vmm_table *ipcc_tables_vmm_start(ipcc_vmm_cmp_fn cmp, ipcc_vmm_same_fn same)
 {
+    atomic_store(&vmm_cmp, cmp); /* every caller gives the same two */
+    atomic_store(&vmm_same, same);
     pthread_once(&vmm_once, create_vmm);
     return atomic_load(&vmm);
 }

@@ -8,6 +8,8 @@
 
 #include "budget.h"
 #include "ledger.h"
+#include "legacy.h"
+#include "vmm.h"
 
 IPCC_HIDDEN extern struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT];
 

@@ -33,6 +33,14 @@ static const struct ipcc_life_hooks life = {
     .fork_children = sizeof(fork_resets) / sizeof(fork_resets[0]),
 };
 
+/* The idle budget closes what it evicts through the kinds' own closes. */
+static const struct ipcc_budget_closers closers = {
+    .legacy_taken = ipcc_closing_add,
+    .legacy_run = ipcc_close_listed_victims,
+    .vmm_taken = ipcc_vmm_ops_taken,
+    .vmm_run = ipcc_vmm_run_ops,
+};
+
 /* Both kinds' bytes still mapped after their exporter freed them. */
 static uint64_t ghost_bytes(void)
 {
@@ -52,6 +60,7 @@ __attribute__((constructor(101))) static void wire_layers(void)
     ipcc_hooks_register(ipcc_hooks);
     ipcc_life_register(&life);
     ipcc_stats_register(&stats);
+    ipcc_budget_register(&closers);
     ipcc_ledger_helper_register(ipcc_vmm_ghost_let_go); /* first, as before */
     ipcc_ledger_helper_register(ipcc_ghost_let_go);
 }

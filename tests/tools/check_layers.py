@@ -21,9 +21,7 @@ peers (neither uses the other) on one line, and it also fails on:
     includes and the calls in one graph; a circle in it that holds two .c
     files fails (it is one, whichever file's object shows it).
 A lower layer reaches an upper one only through a function the upper
-registered with it (entry/wiring.c). A line "allow A -> B" in LAYERS lets one
-such edge stand (files named folder/stem, headers folder/name.h) until the
-change that removes it.
+registered with it (entry/wiring.c).
 """
 import argparse
 import os
@@ -132,22 +130,17 @@ def levels(uses):
 
 
 def read_order(path):
-    """The folders' ranks (0 the top; peers share one) and the allowed edges."""
-    rank, allowed = {}, set()
+    """The folders' ranks (0 the top; peers share one)."""
+    rank = {}
     with open(path) as f:
         for line in f:
             words = line.split("#", 1)[0].split()
             if not words:
                 continue
-            if words[0] == "allow":
-                if len(words) != 4 or words[2] != "->":
-                    sys.exit(f"check_layers: {path}: not 'allow A -> B': {line.strip()}")
-                allowed.add((words[1], words[3]))
-                continue
             n = len(set(rank.values()))
             for folder in words:
                 rank[folder] = n
-    return rank, allowed
+    return rank
 
 
 def folder(node):
@@ -213,12 +206,12 @@ def inline_edges(files, owner, cc, cflags):
 
 
 def check_order(args, uses, owner):
-    rank, allowed = read_order(args.order)
+    rank = read_order(args.order)
     findings = []
 
     def judge(what, a, b, detail):
         fa, fb = folder(a), folder(b)
-        if fa == fb or (a, b) in allowed:
+        if fa == fb:
             return
         for f in (fa, fb):
             if f not in rank:
@@ -241,8 +234,7 @@ def check_order(args, uses, owner):
     for a in sorted(inc):
         for b in sorted(inc[a]):
             judge("include", a, b, os.path.basename(b))
-            if (folder(a) != folder(b) and os.path.basename(b) != folder(b) + ".h"
-                    and (a, b) not in allowed):
+            if folder(a) != folder(b) and os.path.basename(b) != folder(b) + ".h":
                 findings.append(f"include of another folder's private header {a} -> {b}")
     cflags = ([f"-I{args.src}"] + [f"-I{os.path.join(args.src, f)}" for f in rank if f in dirs]
               + shlex.split(args.cflags or ""))
@@ -252,7 +244,6 @@ def check_order(args, uses, owner):
     whole = {a: set(uses[a]) for a in uses}
     for src, dst in list(inc.items()) + [(h, set(v)) for h, v in inline.items() if v]:
         whole.setdefault(src, set()).update(dst)
-    whole = {a: {b for b in bs if (a, b) not in allowed} for a, bs in whole.items()}
     for part in circles(whole):
         if sum(1 for v in part if not v.endswith(".h")) >= 2:
             findings.append(f"a circle through headers: {' '.join(part)}")
