@@ -15,8 +15,8 @@ IPCC_HIDDEN int ipcc_tables_start(void);
  * comparisons its identities need (vmm_identity.c), since it sits above. */
 IPCC_HIDDEN struct ipcc_vmm_table *ipcc_tables_vmm_start(ipcc_vmm_cmp_fn cmp,
                                                          ipcc_vmm_same_fn same);
-IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);          /* legacy; NULL before start */
-IPCC_HIDDEN struct ipcc_vmm_table *ipcc_vmm_table(void);  /* NULL until an import */
+IPCC_HIDDEN struct ipcc_cache *ipcc_budget_legacy(void);          /* legacy; NULL before start */
+IPCC_HIDDEN struct ipcc_vmm_table *ipcc_budget_vmm(void);  /* NULL until an import */
 IPCC_HIDDEN void ipcc_tables_fork_child(void);
 IPCC_HIDDEN void ipcc_tables_gauges(struct ipcc_tables_gauges *out);
 IPCC_HIDDEN void ipcc_tables_top(struct ipcc_top_slot *out);

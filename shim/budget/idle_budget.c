@@ -72,7 +72,7 @@ static size_t take_for_fds(const void *arg, struct ipcc_victim *out, size_t cap,
                            struct ipcc_vmm_ops *ops)
 {
     (void)out; /* legacy mappings keep no fd */
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     size_t keep = *(const size_t *)arg, taken = 0;
     *nout = 0;
     while (t && taken < cap && ipcc_vmm_table_fds(t) > keep && ipcc_vmm_evict_one(t, ops))
@@ -107,7 +107,7 @@ static size_t take_other_contexts(const void *arg, struct ipcc_victim *out, size
                                   size_t *nout, struct ipcc_vmm_ops *ops)
 {
     (void)ops; /* VMM imports belong to no context */
-    *nout = ipcc_cache_evict_other_contexts(ipcc_table(), *(const uint64_t *)arg, out, cap);
+    *nout = ipcc_cache_evict_other_contexts(ipcc_budget_legacy(), *(const uint64_t *)arg, out, cap);
     return *nout;
 }
 

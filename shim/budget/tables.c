@@ -53,12 +53,12 @@ struct ipcc_vmm_table *ipcc_tables_vmm_start(ipcc_vmm_cmp_fn cmp, ipcc_vmm_same_
     return atomic_load(&vmm);
 }
 
-struct ipcc_cache *ipcc_table(void)
+struct ipcc_cache *ipcc_budget_legacy(void)
 {
     return atomic_load_explicit(&legacy, memory_order_acquire);
 }
 
-struct ipcc_vmm_table *ipcc_vmm_table(void)
+struct ipcc_vmm_table *ipcc_budget_vmm(void)
 {
     return atomic_load_explicit(&vmm, memory_order_acquire);
 }
@@ -73,11 +73,11 @@ static void close_fd(int fd)
  * tables themselves stay, so the signal handler never reads freed memory. */
 void ipcc_tables_fork_child(void)
 {
-    struct ipcc_cache *c = ipcc_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
     ipcc_cache_lent_fork_child(c);
     if (c)
         ipcc_cache_clear(c);
-    ipcc_vmm_table_clear(ipcc_vmm_table(), close_fd);
+    ipcc_vmm_table_clear(ipcc_budget_vmm(), close_fd);
 }
 
 /* ---- gauges: read by the signal handler, so atomic loads only ----------- */
@@ -90,8 +90,8 @@ static uint64_t load(const _Atomic uint64_t *v)
 /* Both kinds' totals; zeros before the tables exist. Async-signal-safe. */
 void ipcc_tables_gauges(struct ipcc_tables_gauges *out)
 {
-    struct ipcc_cache *c = ipcc_table();
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     struct ipcc_cache_totals g = { 0, 0, 0 };
     const struct ipcc_vmm_gauges *v = t ? ipcc_vmm_table_gauges(t) : NULL;
     if (c)
@@ -107,8 +107,8 @@ void ipcc_tables_gauges(struct ipcc_tables_gauges *out)
  * once however many hold it (their closes are not checked against the budget). */
 static void idle_bound(uint64_t *bytes, uint64_t *entries)
 {
-    struct ipcc_cache *c = ipcc_table();
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     const struct ipcc_cache_gauges *g = c ? ipcc_cache_gauges(c) : NULL;
     const struct ipcc_vmm_gauges *v = t ? ipcc_vmm_table_gauges(t) : NULL;
     ipcc_cache_lent_totals(entries, bytes);
@@ -130,7 +130,7 @@ void ipcc_tables_room(uint64_t max_bytes, uint64_t max_entries, uint64_t *room_b
  * slot unused) before start. Async-signal-safe. */
 void ipcc_tables_top(struct ipcc_top_slot *out)
 {
-    struct ipcc_cache *c = ipcc_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
     if (c)
         ipcc_cache_top_now(c, out);
     else
@@ -153,8 +153,8 @@ int ipcc_tables_over_budget(uint64_t max_bytes, uint64_t max_entries)
  * mapping into out[*nout], or a VMM teardown into ops. 0 when nothing is. */
 static int take_oldest(struct ipcc_victim *out, size_t *nout, struct ipcc_vmm_ops *ops)
 {
-    struct ipcc_cache *c = ipcc_table();
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     uint64_t legacy_ns = 0, vmm_ns = 0;
     int has_legacy = c && ipcc_cache_oldest_idle(c, &legacy_ns);
     int has_vmm = t && ipcc_vmm_oldest_idle(t, &vmm_ns);
@@ -178,8 +178,8 @@ size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipcc_victim *ou
 {
     size_t taken = 0;
     *nout = 0;
-    if (ipcc_table())
-        ipcc_cache_recall_all(ipcc_table()); /* their idle times count too */
+    if (ipcc_budget_legacy())
+        ipcc_cache_recall_all(ipcc_budget_legacy()); /* their idle times count too */
     while (taken < cap && (b->all || ipcc_tables_over_budget(b->max_bytes, b->max_entries)) &&
            take_oldest(out, nout, ops))
         taken++;

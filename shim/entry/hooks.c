@@ -45,18 +45,18 @@ _Static_assert(IPCC_CUDA_NO_DRIVER == CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND,
 IPCC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                         unsigned int flags)
 {
-    return (CUresult)ipcc_open(IPCC_SLOT_OPEN_V1, (uint64_t *)pdptr, &handle, flags);
+    return (CUresult)ipcc_legacy_open_call(IPCC_SLOT_OPEN_V1, (uint64_t *)pdptr, &handle, flags);
 }
 
 IPCC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                            unsigned int flags)
 {
-    return (CUresult)ipcc_open(IPCC_SLOT_OPEN_V2, (uint64_t *)pdptr, &handle, flags);
+    return (CUresult)ipcc_legacy_open_call(IPCC_SLOT_OPEN_V2, (uint64_t *)pdptr, &handle, flags);
 }
 
 IPCC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    CUresult rc = (CUresult)ipcc_close((uint64_t)dptr);
+    CUresult rc = (CUresult)ipcc_legacy_close_call((uint64_t)dptr);
     ipcc_ghost_after_close();
     return rc;
 }
@@ -65,17 +65,17 @@ IPCC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 
 IPCC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
 {
-    return (CUresult)ipcc_exporter_get_handle(handle, (uint64_t)dptr);
+    return (CUresult)ipcc_legacy_export_call(handle, (uint64_t)dptr);
 }
 
 IPCC_EXPORT CUresult cuMemFree(unsigned int dptr)
 {
-    return (CUresult)ipcc_exporter_free(IPCC_SLOT_MEM_FREE_V1, dptr);
+    return (CUresult)ipcc_legacy_free_call(IPCC_SLOT_MEM_FREE_V1, dptr);
 }
 
 IPCC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    return (CUresult)ipcc_exporter_free(IPCC_SLOT_MEM_FREE_V2, (uint64_t)dptr);
+    return (CUresult)ipcc_legacy_free_call(IPCC_SLOT_MEM_FREE_V2, (uint64_t)dptr);
 }
 
 /* ---- the resolver ------------------------------------------------------- */
@@ -124,7 +124,7 @@ static CUresult destroy_context(int slot, CUcontext ctx)
         return IPCC_CUDA_NO_DRIVER;
     uint64_t id = 0;
     /* Only a process that cached something needs to look. */
-    int known = ctx && ipcc_table() && ipcc_context_id(ctx, &id) == 0;
+    int known = ctx && ipcc_budget_legacy() && ipcc_context_id(ctx, &id) == 0;
     CUresult rc = real(ctx);
     if (rc == CUDA_SUCCESS && known)
         ipcc_forget_context(id);
@@ -149,7 +149,7 @@ static CUresult primary_teardown(int slot, CUdevice dev)
     if (!real)
         return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(dev);
-    if (rc == CUDA_SUCCESS && ipcc_table())
+    if (rc == CUDA_SUCCESS && ipcc_budget_legacy())
         ipcc_sweep_dead_contexts();
     return rc;
 }

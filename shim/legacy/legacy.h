@@ -15,8 +15,9 @@
 
 /* ---- legacy_calls.c: open and close through the cache ----------------------- */
 
-IPCC_HIDDEN int ipcc_open(int slot, uint64_t *pdptr, const void *handle, unsigned flags);
-IPCC_HIDDEN int ipcc_close(uint64_t dptr);
+IPCC_HIDDEN int ipcc_legacy_open_call(int slot, uint64_t *pdptr, const void *handle,
+                                      unsigned flags);
+IPCC_HIDDEN int ipcc_legacy_close_call(uint64_t dptr);
 IPCC_HIDDEN int ipcc_context_id(void *ctx, uint64_t *id);
 IPCC_HIDDEN void ipcc_forget_context(uint64_t ctx_id);
 IPCC_HIDDEN void ipcc_sweep_dead_contexts(void);
@@ -31,8 +32,8 @@ IPCC_HIDDEN void ipcc_close_listed_victims(const struct ipcc_victim *v, size_t n
 IPCC_HIDDEN void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted);
 
 /* legacy_exporter.c: cuIpcGetMemHandle and cuMemFree{,_v2} of exported memory. */
-IPCC_HIDDEN int ipcc_exporter_get_handle(void *handle, uint64_t dptr);
-IPCC_HIDDEN int ipcc_exporter_free(int slot, uint64_t dptr);
+IPCC_HIDDEN int ipcc_legacy_export_call(void *handle, uint64_t dptr);
+IPCC_HIDDEN int ipcc_legacy_free_call(int slot, uint64_t dptr);
 
 /* legacy_importer.c: the legacy kind's part (vmm_importer.c: ipcc_vmm_ghost_*). */
 IPCC_HIDDEN void ipcc_ghost_let_go(const void *handle);

@@ -139,7 +139,8 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
     uint64_t dptr = *pdptr, cached = 0;
     uint64_t bytes = mapping_bytes(dptr);
     ipcc_lock();
-    int inserted = ipcc_cache_insert(ipcc_table(), key, ctx, dptr, bytes, ipcc_clock_ns(), &cached);
+    int inserted = ipcc_cache_insert(ipcc_budget_legacy(), key, ctx, dptr, bytes, ipcc_clock_ns(),
+                                     &cached);
     if (inserted >= 0)
         lend_here();
     ipcc_unlock();
@@ -184,7 +185,7 @@ static void return_at_thread_exit(void *watch)
 {
     *(int *)watch = WATCH_RAN;
     ipcc_lock();
-    ipcc_cache_return_lent(ipcc_table(), 1);
+    ipcc_cache_return_lent(ipcc_budget_legacy(), 1);
     ipcc_unlock();
 }
 
@@ -201,7 +202,7 @@ static void lend_here(void)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     static __thread int watched __attribute__((tls_model("initial-exec")));
     uint64_t room_bytes, room_entries;
-    if (!ipcc_cache_recent_lendable(ipcc_table()))
+    if (!ipcc_cache_recent_lendable(ipcc_budget_legacy()))
         return;
     pthread_once(&once, make_lent_key);
     if (!lent_key_made || watched == WATCH_RAN ||
@@ -210,7 +211,7 @@ static void lend_here(void)
     watched = WATCH_ARMED;
     ipcc_tables_room(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, &room_bytes,
                      &room_entries);
-    ipcc_cache_lend_recent(ipcc_table(), ipcc_clock_ns(), room_entries, room_bytes);
+    ipcc_cache_lend_recent(ipcc_budget_legacy(), ipcc_clock_ns(), room_entries, room_bytes);
 }
 
 /* The thread's last hit again: no hash, no search. */
@@ -219,7 +220,7 @@ static int open_recent(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
     if (!ipcc_cache_recent_is(ctx_id, h->reserved, flags))
         return 0;
     ipcc_lock();
-    int hit = ipcc_cache_acquire_recent(ipcc_table(), dptr);
+    int hit = ipcc_cache_acquire_recent(ipcc_budget_legacy(), dptr);
     if (hit)
         lend_here();
     ipcc_unlock();
@@ -233,7 +234,7 @@ static int open_cached(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
     struct ipcc_key key;
     ipcc_key_init(&key, ctx_id, h->reserved, flags);
     ipcc_lock();
-    int hit = ipcc_cache_acquire(ipcc_table(), &key, dptr);
+    int hit = ipcc_cache_acquire(ipcc_budget_legacy(), &key, dptr);
     if (hit)
         lend_here();
     ipcc_unlock();
@@ -243,7 +244,7 @@ static int open_cached(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
 }
 
 /* The hit path touches neither the real function nor a copy of the handle. */
-int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned flags)
+int ipcc_legacy_open_call(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned flags)
 {
     CUdeviceptr *pdptr = (CUdeviceptr *)pdptr_u64;
     const CUipcMemHandle *h = handle_bytes;
@@ -283,7 +284,7 @@ static void wait_until_closed(uint64_t ctx_id, uint64_t dptr)
     } while (closing);
 }
 
-int ipcc_close(uint64_t dptr)
+int ipcc_legacy_close_call(uint64_t dptr)
 {
     ipcc_lifecycle_start();
     uint64_t ctx_id;
@@ -304,7 +305,8 @@ int ipcc_close(uint64_t dptr)
 
     const struct ipcc_victim self = { NULL, ctx_id, dptr, 0 }; /* listed, never closed as a victim */
     ipcc_lock();
-    enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr, ipcc_clock_ns());
+    enum ipcc_release_result r =
+        ipcc_cache_release(ipcc_budget_legacy(), ctx_id, dptr, ipcc_clock_ns());
     int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_closing_has(ctx_id, dptr);
     if (r == IPCC_RELEASE_PAST_ZERO)
         ipcc_closing_add(&self, 1);
@@ -338,10 +340,10 @@ int ipcc_close(uint64_t dptr)
  * them, closing nothing. */
 void ipcc_forget_context(uint64_t ctx_id)
 {
-    if (!ipcc_table())
+    if (!ipcc_budget_legacy())
         return;
     ipcc_lock();
-    size_t n = ipcc_cache_drop_ctx(ipcc_table(), ctx_id, NULL, 0);
+    size_t n = ipcc_cache_drop_ctx(ipcc_budget_legacy(), ctx_id, NULL, 0);
     ipcc_unlock();
     IPCC_ADD(invalidations, n);
 }
@@ -353,10 +355,10 @@ void ipcc_sweep_dead_contexts(void)
     enum { MAX_CONTEXTS = 64 };
     void *ctxs[MAX_CONTEXTS];
     uint64_t ids[MAX_CONTEXTS];
-    if (!ipcc_table())
+    if (!ipcc_budget_legacy())
         return;
     ipcc_lock();
-    size_t n = ipcc_cache_contexts(ipcc_table(), ctxs, ids, MAX_CONTEXTS);
+    size_t n = ipcc_cache_contexts(ipcc_budget_legacy(), ctxs, ids, MAX_CONTEXTS);
     ipcc_unlock();
     for (size_t i = 0; i < n; i++) {
         uint64_t id;

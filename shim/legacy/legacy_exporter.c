@@ -103,7 +103,7 @@ static int forget(uint64_t base, unsigned char handle[IPCC_HANDLE_BYTES])
     return e != NULL;
 }
 
-int ipcc_exporter_get_handle(void *handle, uint64_t dptr)
+int ipcc_legacy_export_call(void *handle, uint64_t dptr)
 {
     get_fn real = (get_fn)ipcc_real(IPCC_SLOT_IPC_GET);
     if (!real)
@@ -121,7 +121,7 @@ int ipcc_exporter_get_handle(void *handle, uint64_t dptr)
 
 /* Asks importers to let go of the allocation at dptr if it was exported,
  * then frees it for real (the ABI of the given slot). */
-int ipcc_exporter_free(int slot, uint64_t dptr)
+int ipcc_legacy_free_call(int slot, uint64_t dptr)
 {
     void *real = ipcc_real(slot);
     if (!real)

@@ -67,7 +67,7 @@ static __thread struct {
  * NULL. */
 static struct ipcc_vmm_table *active(void)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     if (!t || ipcc_config.disabled)
         return NULL;
     return t;

@@ -120,7 +120,7 @@ void ipcc_vmm_under_way_reset(void)
 static void release_done(uint64_t handle)
 {
     ipcc_lock();
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     if (t)
         ipcc_vmm_release_done(t, handle);
     ipcc_unlock();

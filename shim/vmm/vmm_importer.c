@@ -135,7 +135,7 @@ static uint64_t release_idle_of(struct ipcc_vmm_table *t, const void *tag, size_
  * ledger_helper.c for every tag; legacy handles are not ours. */
 void ipcc_vmm_ghost_let_go(const void *tag)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     size_t live;
     if (!t || ipcc_vmm_tag_fd(tag) < 0)
         return;
@@ -157,7 +157,7 @@ static uint64_t let_go_of_tag(const unsigned char *tag, int *in_use, void *table
  * went idle is released for real. */
 void ipcc_vmm_ghost_after_release(void)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     if (ipcc_keyset_count(&doomed) == 0 || !t)
         return;
     atomic_store(&ghost, ipcc_keyset_sweep(&doomed, let_go_of_tag, t));
