@@ -33,8 +33,9 @@ CFLAGS_BASE = -std=gnu11 -O2 -g -Wall -Wextra -Wshadow -Wmissing-prototypes \
 CFLAGS     ?=
 ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 
-# The library's layers, top to bottom (docs/design.md): each folder one layer.
-SHIM_DIRS = entry legacy vmm ledger budget life base
+# The library's layers, top to bottom: each folder one layer, declared once in
+# shim/layers.txt (tests/tools/check_layers.py holds the calls to that order).
+SHIM_DIRS := $(shell sed -e 's/\#.*//' shim/layers.txt)
 SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            shim/legacy/legacy_calls.c shim/legacy/legacy_close.c shim/legacy/legacy_exporter.c \
            shim/legacy/legacy_importer.c \
@@ -42,12 +43,12 @@ SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            shim/vmm/vmm_importer.c shim/vmm/vmm_identity.c shim/vmm/vmm_fds.c \
            $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) shim/ledger/ledger_helper.c \
            shim/budget/idle_budget.c shim/budget/tables.c \
-           shim/life/lifecycle.c shim/life/stats.c shim/life/marker.c \
+           shim/life/lifecycle.c shim/stats/stats.c shim/stats/marker.c \
            $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c shim/base/driver.c \
            shim/base/mem.c
 # The pure tables (unit-tested without CUDA).
-LEGACY_TABLE = shim/legacy/legacy_table.c
-VMM_TABLE    = shim/vmm/vmm_imports.c shim/vmm/vmm_ranges.c shim/vmm/vmm_predict.c
+LEGACY_TABLE = shim/tables/legacy_table.c
+VMM_TABLE    = shim/tables/vmm_table.c shim/tables/vmm_ranges.c shim/tables/vmm_predict.c
 # The release ledger alone (unit-tested without CUDA).
 LEDGER_SRC = shim/ledger/ledger.c shim/ledger/ledger_request.c
 # The settings parser and what it needs (also ipccache-config).
@@ -124,10 +125,16 @@ $(BUILD)/shim/entry/dlsym_%.o: shim/entry/dlsym_%.S
 	@mkdir -p $(@D)
 	$(CC) $(SANITIZE) -fPIC -c $< -o $@
 
+# The export list: dlsym and each row of shim/base/hooks.def.
+MAP = $(BUILD)/ipccache.map
+$(MAP): shim/entry/ipccache.map.in shim/base/hooks.def
+	@mkdir -p $(@D)
+	$(CC) -E -P -x c -Ishim/base $< -o $@
+
 # Only libdl/libpthread: the library must load where no driver is installed.
-$(LIB): $(SHIM_OBJ) shim/entry/ipccache.map
+$(LIB): $(SHIM_OBJ) $(MAP)
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(SANITIZE) \
-	    -Wl,--version-script=shim/entry/ipccache.map -Wl,-Bsymbolic-functions -Wl,-z,now \
+	    -Wl,--version-script=$(MAP) -Wl,-Bsymbolic-functions -Wl,-z,now \
 	    -ldl -lpthread
 
 # The library's settings parser as a command (ipccache-run checks with it).
@@ -152,7 +159,7 @@ $(FAKE): $(FAKE_SRC) tests/standin/fake_cuda.h tests/standin/fake_vmm.h
 # preload. ipcc_mem_calloc is wrapped so that a test can make the table's allocations fail.
 UNIT_SHIM = $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) $(BASE_SRC) shim/base/userdir.c \
             shim/base/keyset.c shim/base/lock.c shim/base/proc.c shim/base/mem.c \
-            shim/life/stats.c shim/life/marker.c
+            shim/stats/stats.c shim/stats/marker.c
 $(BUILD)/tests/test_unit: $(UNIT_SRC) $(UNIT_SHIM) $(wildcard shim/*.h shim/*/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -fvisibility=default -o $@ $(UNIT_SRC) $(UNIT_SHIM) \
@@ -292,7 +299,7 @@ test-aarch64:
 	@bash tests/test_aarch64.sh $(AARCH64_BUILD)
 
 check-exports: $(LIB)
-	@bash tests/tools/check_exports.sh $(LIB) shim/entry/ipccache.map
+	@bash tests/tools/check_exports.sh $(LIB) $(MAP) shim/entry/hooks.c
 
 # ---- real GPU ----------------------------------------------------------------
 

@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #define IPCC_VERSION "0.1.0"
 #define IPCC_HIDDEN __attribute__((visibility("hidden")))
@@ -20,6 +21,28 @@
 /* The driver's status codes we produce ourselves (the rest are passed back). */
 #define IPCC_CUDA_SUCCESS 0
 #define IPCC_CUDA_ERROR_INVALID_VALUE 1
+/* CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND: without a driver there is
+ * nothing to forward to (hooks.c checks it against cuda.h). */
+#define IPCC_CUDA_NO_DRIVER 302
+
+/* The one clock: CLOCK_MONOTONIC is the same in every process, so the
+ * ledger's deadlines and the table's ages compare across them. */
+static inline uint64_t ipcc_clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* The same clock to a tick's resolution, at a fraction of the cost: only a
+ * lent close (no lock) is ordered by it; the order it gives is the loans'
+ * protocol comment's (tables/legacy_table.c). */
+static inline uint64_t ipcc_clock_coarse_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
 
 /* The bytes of a legacy IPC handle; a VMM export tag and every key of the
  * ledger and the key sets have as many. */
@@ -175,31 +198,12 @@ IPCC_HIDDEN const struct ipcc_driver *ipcc_driver(void);
 IPCC_HIDDEN void *ipcc_real(int slot);
 IPCC_HIDDEN extern void *(*ipcc_real_dlsym)(void *, const char *);
 
-/* Slots of the hook table; resolve.c owns the table, hooks.c the wrappers. */
+/* Slots of the hook table, one per row of hooks.def; resolve.c owns the
+ * table, hooks.c the wrappers. */
 enum ipcc_slot {
-    IPCC_SLOT_OPEN_V1,
-    IPCC_SLOT_OPEN_V2,
-    IPCC_SLOT_CLOSE,
-    IPCC_SLOT_PROC_V1,
-    IPCC_SLOT_PROC_V2,
-    IPCC_SLOT_CTX_DESTROY_V1,
-    IPCC_SLOT_CTX_DESTROY_V2,
-    IPCC_SLOT_PRIMARY_RELEASE_V1,
-    IPCC_SLOT_PRIMARY_RELEASE_V2,
-    IPCC_SLOT_PRIMARY_RESET_V1,
-    IPCC_SLOT_PRIMARY_RESET_V2,
-    IPCC_SLOT_VMM_IMPORT,
-    IPCC_SLOT_VMM_RESERVE,
-    IPCC_SLOT_VMM_FREE,
-    IPCC_SLOT_VMM_MAP,
-    IPCC_SLOT_VMM_UNMAP,
-    IPCC_SLOT_VMM_SET_ACCESS,
-    IPCC_SLOT_VMM_GET_ACCESS,
-    IPCC_SLOT_VMM_RELEASE,
-    IPCC_SLOT_IPC_GET,
-    IPCC_SLOT_MEM_FREE_V1,
-    IPCC_SLOT_MEM_FREE_V2,
-    IPCC_SLOT_VMM_EXPORT,
+#define IPCC_HOOK(slot, sym, proc, since) IPCC_SLOT_##slot,
+#include "hooks.def"
+#undef IPCC_HOOK
     IPCC_SLOT_COUNT
 };
 

@@ -1,7 +1,7 @@
 /*
  * proc.c - a process as the ledger and the stats marker name it: pid and
  * start time, since a pid alone may be reused. Moved out of ledger.c so that
- * the marker (life/) needs nothing above the basics; and exit handlers
+ * the marker (stats/) needs nothing above the basics; and exit handlers
  * registered safely (from lifecycle.c, for the same reason).
  */
 #define _GNU_SOURCE

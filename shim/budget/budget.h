@@ -6,16 +6,20 @@
 #ifndef IPCC_BUDGET_H
 #define IPCC_BUDGET_H
 
-#include "legacy.h"
-#include "vmm.h"
+#include "tables.h"
 
 /* ---- tables.c: the layer below both kinds; the one idle budget ----------- */
 
 IPCC_HIDDEN int ipcc_tables_start(void);
-IPCC_HIDDEN struct ipcc_vmm_table *ipcc_tables_vmm_start(void);
-IPCC_HIDDEN struct ipcc_cache *ipcc_table(void);          /* legacy; NULL before start */
-IPCC_HIDDEN struct ipcc_vmm_table *ipcc_vmm_table(void);  /* NULL until an import */
+/* The VMM table is made at the first import; the kind gives the file
+ * comparisons its identities need (vmm_identity.c), since it sits above. */
+IPCC_HIDDEN struct ipcc_vmm_table *ipcc_tables_vmm_start(ipcc_vmm_cmp_fn cmp,
+                                                         ipcc_vmm_same_fn same);
+IPCC_HIDDEN struct ipcc_cache *ipcc_budget_legacy(void);          /* legacy; NULL before start */
+IPCC_HIDDEN struct ipcc_vmm_table *ipcc_budget_vmm(void);  /* NULL until an import */
 IPCC_HIDDEN void ipcc_tables_fork_child(void);
+IPCC_HIDDEN void ipcc_tables_gauges(struct ipcc_tables_gauges *out);
+IPCC_HIDDEN void ipcc_tables_top(struct ipcc_top_slot *out);
 
 /* What an eviction keeps to: the caps, or nothing at all (all). */
 struct ipcc_budget {
@@ -29,6 +33,18 @@ IPCC_HIDDEN size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipc
                                          size_t cap, size_t *nout, struct ipcc_vmm_ops *ops);
 
 /* ---- idle_budget.c: the one budget, enforced for both kinds -------------------- */
+
+/* What an eviction closes through: each kind's own closes, which sit above
+ * the budget and are registered with it at load (entry/wiring.c). The
+ * _taken ones run under the table lock, listing what the batch took as
+ * being closed; the _run ones after unlocking, calling the driver. */
+struct ipcc_budget_closers {
+    void (*legacy_taken)(const struct ipcc_victim *v, size_t n);
+    void (*legacy_run)(const struct ipcc_victim *v, size_t n, int evicted);
+    void (*vmm_taken)(const struct ipcc_vmm_ops *ops);
+    void (*vmm_run)(struct ipcc_vmm_ops *ops, int evicted);
+};
+IPCC_HIDDEN void ipcc_budget_register(const struct ipcc_budget_closers *c);
 
 IPCC_HIDDEN void ipcc_evict_over_caps(void);
 IPCC_HIDDEN void ipcc_evict_fds_over(size_t keep);

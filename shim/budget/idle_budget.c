@@ -9,14 +9,22 @@
  * memory while it is mapped undefined; in practice it stays allocated), so
  * the caps bound what we keep.
  *
- * Knows only the tables layer (tables.c): it takes a batch under the lock,
- * drops the lock, then each kind really closes its own victims in its own
- * way: legacy mappings in their own context (legacy_close.c), VMM orders
- * with none needed (vmm_close.c). No lock is held across a driver call.
+ * Knows only the tables (tables.c, tables/): it takes a batch under the
+ * lock, drops the lock, then each kind really closes its own victims in its
+ * own way, through the closers it registered: legacy mappings in their own
+ * context (legacy_close.c), VMM orders with none needed (vmm_close.c). No
+ * lock is held across a driver call.
  */
 #include "budget.h"
 
 #define BATCH 32
+
+static const struct ipcc_budget_closers *closers; /* set at load, before any call */
+
+void ipcc_budget_register(const struct ipcc_budget_closers *c)
+{
+    closers = c;
+}
 
 /* What one batch takes under the lock: legacy victims into out[] (*nout),
  * VMM orders into ops; returns how many things it took. */
@@ -33,11 +41,11 @@ static size_t close_in_batches(take_fn take, const void *arg, int evicted)
         struct ipcc_vmm_ops ops = { 0 };
         ipcc_lock();
         n = take(arg, victims, BATCH, &nlegacy, &ops);
-        ipcc_closing_add(victims, nlegacy);
-        ipcc_vmm_ops_taken(&ops);
+        closers->legacy_taken(victims, nlegacy);
+        closers->vmm_taken(&ops);
         ipcc_unlock();
-        ipcc_close_listed_victims(victims, nlegacy, evicted);
-        ipcc_vmm_run_ops(&ops, evicted);
+        closers->legacy_run(victims, nlegacy, evicted);
+        closers->vmm_run(&ops, evicted);
         total += n;
     } while (n == BATCH);
     return total;
@@ -64,7 +72,7 @@ static size_t take_for_fds(const void *arg, struct ipcc_victim *out, size_t cap,
                            struct ipcc_vmm_ops *ops)
 {
     (void)out; /* legacy mappings keep no fd */
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     size_t keep = *(const size_t *)arg, taken = 0;
     *nout = 0;
     while (t && taken < cap && ipcc_vmm_table_fds(t) > keep && ipcc_vmm_evict_one(t, ops))
@@ -99,7 +107,7 @@ static size_t take_other_contexts(const void *arg, struct ipcc_victim *out, size
                                   size_t *nout, struct ipcc_vmm_ops *ops)
 {
     (void)ops; /* VMM imports belong to no context */
-    *nout = ipcc_cache_evict_other_contexts(ipcc_table(), *(const uint64_t *)arg, out, cap);
+    *nout = ipcc_cache_evict_other_contexts(ipcc_budget_legacy(), *(const uint64_t *)arg, out, cap);
     return *nout;
 }
 

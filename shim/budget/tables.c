@@ -1,6 +1,6 @@
 /*
  * tables.c - the layer below both kinds of mapping: it owns the legacy IPC
- * table (legacy_table.c) and the VMM table (vmm_imports.c, vmm_ranges.c). It
+ * table (legacy_table.c) and the VMM table (vmm_table.c, vmm_ranges.c). It
  * creates them, forgets them in a fork child, totals their gauges for the
  * stats, and keeps the one idle budget: IPCCACHE_MAX_IDLE_BYTES and
  * IPCCACHE_MAX_IDLE_ENTRIES count idle legacy mappings and idle VMM imports
@@ -32,9 +32,12 @@ int ipcc_tables_start(void)
     return c ? 0 : -1;
 }
 
+static _Atomic(ipcc_vmm_cmp_fn) vmm_cmp; /* the kind's, given at the first import */
+static _Atomic(ipcc_vmm_same_fn) vmm_same;
+
 static void create_vmm(void)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table_create(ipcc_vmm_kcmp, ipcc_vmm_same_file);
+    struct ipcc_vmm_table *t = ipcc_vmm_table_create(atomic_load(&vmm_cmp), atomic_load(&vmm_same));
     if (!t)
         ipcc_log(IPCC_LOG_WARN, "out of memory; VMM imports are not cached");
     atomic_store(&vmm, t);
@@ -42,18 +45,20 @@ static void create_vmm(void)
 
 /* At the first import (vmm_calls.c): a process that never imports has no VMM
  * table. NULL when out of memory. */
-struct ipcc_vmm_table *ipcc_tables_vmm_start(void)
+struct ipcc_vmm_table *ipcc_tables_vmm_start(ipcc_vmm_cmp_fn cmp, ipcc_vmm_same_fn same)
 {
+    atomic_store(&vmm_cmp, cmp); /* every caller gives the same two */
+    atomic_store(&vmm_same, same);
     pthread_once(&vmm_once, create_vmm);
     return atomic_load(&vmm);
 }
 
-struct ipcc_cache *ipcc_table(void)
+struct ipcc_cache *ipcc_budget_legacy(void)
 {
     return atomic_load_explicit(&legacy, memory_order_acquire);
 }
 
-struct ipcc_vmm_table *ipcc_vmm_table(void)
+struct ipcc_vmm_table *ipcc_budget_vmm(void)
 {
     return atomic_load_explicit(&vmm, memory_order_acquire);
 }
@@ -68,11 +73,11 @@ static void close_fd(int fd)
  * tables themselves stay, so the signal handler never reads freed memory. */
 void ipcc_tables_fork_child(void)
 {
-    struct ipcc_cache *c = ipcc_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
     ipcc_cache_lent_fork_child(c);
     if (c)
         ipcc_cache_clear(c);
-    ipcc_vmm_table_clear(ipcc_vmm_table(), close_fd);
+    ipcc_vmm_table_clear(ipcc_budget_vmm(), close_fd);
 }
 
 /* ---- gauges: read by the signal handler, so atomic loads only ----------- */
@@ -85,8 +90,8 @@ static uint64_t load(const _Atomic uint64_t *v)
 /* Both kinds' totals; zeros before the tables exist. Async-signal-safe. */
 void ipcc_tables_gauges(struct ipcc_tables_gauges *out)
 {
-    struct ipcc_cache *c = ipcc_table();
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     struct ipcc_cache_totals g = { 0, 0, 0 };
     const struct ipcc_vmm_gauges *v = t ? ipcc_vmm_table_gauges(t) : NULL;
     if (c)
@@ -102,8 +107,8 @@ void ipcc_tables_gauges(struct ipcc_tables_gauges *out)
  * once however many hold it (their closes are not checked against the budget). */
 static void idle_bound(uint64_t *bytes, uint64_t *entries)
 {
-    struct ipcc_cache *c = ipcc_table();
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     const struct ipcc_cache_gauges *g = c ? ipcc_cache_gauges(c) : NULL;
     const struct ipcc_vmm_gauges *v = t ? ipcc_vmm_table_gauges(t) : NULL;
     ipcc_cache_lent_totals(entries, bytes);
@@ -125,7 +130,7 @@ void ipcc_tables_room(uint64_t max_bytes, uint64_t max_entries, uint64_t *room_b
  * slot unused) before start. Async-signal-safe. */
 void ipcc_tables_top(struct ipcc_top_slot *out)
 {
-    struct ipcc_cache *c = ipcc_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
     if (c)
         ipcc_cache_top_now(c, out);
     else
@@ -148,8 +153,8 @@ int ipcc_tables_over_budget(uint64_t max_bytes, uint64_t max_entries)
  * mapping into out[*nout], or a VMM teardown into ops. 0 when nothing is. */
 static int take_oldest(struct ipcc_victim *out, size_t *nout, struct ipcc_vmm_ops *ops)
 {
-    struct ipcc_cache *c = ipcc_table();
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_cache *c = ipcc_budget_legacy();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     uint64_t legacy_ns = 0, vmm_ns = 0;
     int has_legacy = c && ipcc_cache_oldest_idle(c, &legacy_ns);
     int has_vmm = t && ipcc_vmm_oldest_idle(t, &vmm_ns);
@@ -173,8 +178,8 @@ size_t ipcc_tables_take_idle(const struct ipcc_budget *b, struct ipcc_victim *ou
 {
     size_t taken = 0;
     *nout = 0;
-    if (ipcc_table())
-        ipcc_cache_recall_all(ipcc_table()); /* their idle times count too */
+    if (ipcc_budget_legacy())
+        ipcc_cache_recall_all(ipcc_budget_legacy()); /* their idle times count too */
     while (taken < cap && (b->all || ipcc_tables_over_budget(b->max_bytes, b->max_entries)) &&
            take_oldest(out, nout, ops))
         taken++;

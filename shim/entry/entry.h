@@ -7,7 +7,9 @@
 #define IPCC_ENTRY_H
 
 #include "budget.h"
-#include "release_ledger.h"
+#include "ledger.h"
+#include "legacy.h"
+#include "vmm.h"
 
 IPCC_HIDDEN extern struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT];
 

@@ -37,26 +37,26 @@ IPCC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 IPCC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 IPCC_EXPORT CUresult cuMemFree(unsigned int dptr); /* the 32-bit CUdeviceptr_v1 ABI */
 
-/* Without a driver there is nothing to forward to. */
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
+_Static_assert(IPCC_CUDA_NO_DRIVER == CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND,
+               "base.h's code for 'no driver' is cuda.h's");
 
 /* ---- IPC memory --------------------------------------------------------- */
 
 IPCC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                         unsigned int flags)
 {
-    return (CUresult)ipcc_open(IPCC_SLOT_OPEN_V1, (uint64_t *)pdptr, &handle, flags);
+    return (CUresult)ipcc_legacy_open_call(IPCC_SLOT_OPEN_V1, (uint64_t *)pdptr, &handle, flags);
 }
 
 IPCC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                            unsigned int flags)
 {
-    return (CUresult)ipcc_open(IPCC_SLOT_OPEN_V2, (uint64_t *)pdptr, &handle, flags);
+    return (CUresult)ipcc_legacy_open_call(IPCC_SLOT_OPEN_V2, (uint64_t *)pdptr, &handle, flags);
 }
 
 IPCC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    CUresult rc = (CUresult)ipcc_close((uint64_t)dptr);
+    CUresult rc = (CUresult)ipcc_legacy_close_call((uint64_t)dptr);
     ipcc_ghost_after_close();
     return rc;
 }
@@ -65,17 +65,17 @@ IPCC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 
 IPCC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
 {
-    return (CUresult)ipcc_exporter_get_handle(handle, (uint64_t)dptr);
+    return (CUresult)ipcc_legacy_export_call(handle, (uint64_t)dptr);
 }
 
 IPCC_EXPORT CUresult cuMemFree(unsigned int dptr)
 {
-    return (CUresult)ipcc_exporter_free(IPCC_SLOT_MEM_FREE_V1, dptr);
+    return (CUresult)ipcc_legacy_free_call(IPCC_SLOT_MEM_FREE_V1, dptr);
 }
 
 IPCC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    return (CUresult)ipcc_exporter_free(IPCC_SLOT_MEM_FREE_V2, (uint64_t)dptr);
+    return (CUresult)ipcc_legacy_free_call(IPCC_SLOT_MEM_FREE_V2, (uint64_t)dptr);
 }
 
 /* ---- the resolver ------------------------------------------------------- */
@@ -95,7 +95,7 @@ IPCC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int versio
 {
     proc_v1_fn real = (proc_v1_fn)ipcc_real(IPCC_SLOT_PROC_V1);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(symbol, pfn, version, flags);
     if (rc == CUDA_SUCCESS)
         substitute(symbol, pfn, version, NULL, __builtin_return_address(0));
@@ -108,7 +108,7 @@ IPCC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
 {
     proc_v2_fn real = (proc_v2_fn)ipcc_real(IPCC_SLOT_PROC_V2);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(symbol, pfn, version, flags, status);
     if (rc == CUDA_SUCCESS)
         substitute(symbol, pfn, version, status, __builtin_return_address(0));
@@ -121,10 +121,10 @@ static CUresult destroy_context(int slot, CUcontext ctx)
 {
     ctx_fn real = (ctx_fn)ipcc_real(slot);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     uint64_t id = 0;
     /* Only a process that cached something needs to look. */
-    int known = ctx && ipcc_table() && ipcc_context_id(ctx, &id) == 0;
+    int known = ctx && ipcc_budget_legacy() && ipcc_context_id(ctx, &id) == 0;
     CUresult rc = real(ctx);
     if (rc == CUDA_SUCCESS && known)
         ipcc_forget_context(id);
@@ -147,9 +147,9 @@ static CUresult primary_teardown(int slot, CUdevice dev)
 {
     device_fn real = (device_fn)ipcc_real(slot);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(dev);
-    if (rc == CUDA_SUCCESS && ipcc_table())
+    if (rc == CUDA_SUCCESS && ipcc_budget_legacy())
         ipcc_sweep_dead_contexts();
     return rc;
 }
@@ -177,12 +177,13 @@ IPCC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 /* ---- VMM sharing (PyTorch expandable segments): vmm_calls.c ------------- */
 
 /* A VMM call that may leave something idle, by a thread that was lent a
- * legacy entry (cache.c): its later lent closes must count as after it in
- * the one LRU order, and their own clock is coarse. One load otherwise. */
+ * legacy entry (tables/legacy_table.c): its later lent closes must count as
+ * after it in the one LRU order, and their own clock is coarse. One load
+ * otherwise. */
 static CUresult after_vmm_idle(CUresult rc)
 {
     if (ipcc_cache_has_lent())
-        ipcc_cache_lent_floor(ipcc_now_ns());
+        ipcc_cache_lent_floor(ipcc_clock_ns());
     return rc;
 }
 
@@ -241,31 +242,10 @@ IPCC_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocati
 
 /* ---- the table ---------------------------------------------------------- */
 
-#define HOOK(slot, sym, proc, ver) \
-    [slot] = { .symbol = #sym, .proc_name = proc, .since = ver, .wrapper = (void *)sym }
-
+/* One row per line of hooks.def: every slot has a row, each row its wrapper. */
 struct ipcc_hook ipcc_hooks[IPCC_SLOT_COUNT] = {
-    HOOK(IPCC_SLOT_OPEN_V1, cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 4010),
-    HOOK(IPCC_SLOT_OPEN_V2, cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000),
-    HOOK(IPCC_SLOT_CLOSE, cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010),
-    HOOK(IPCC_SLOT_PROC_V1, cuGetProcAddress, "cuGetProcAddress", 11030),
-    HOOK(IPCC_SLOT_PROC_V2, cuGetProcAddress_v2, "cuGetProcAddress", 12000),
-    HOOK(IPCC_SLOT_CTX_DESTROY_V1, cuCtxDestroy, "cuCtxDestroy", 2000),
-    HOOK(IPCC_SLOT_CTX_DESTROY_V2, cuCtxDestroy_v2, "cuCtxDestroy", 4000),
-    HOOK(IPCC_SLOT_PRIMARY_RELEASE_V1, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000),
-    HOOK(IPCC_SLOT_PRIMARY_RELEASE_V2, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000),
-    HOOK(IPCC_SLOT_PRIMARY_RESET_V1, cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000),
-    HOOK(IPCC_SLOT_PRIMARY_RESET_V2, cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000),
-    HOOK(IPCC_SLOT_VMM_IMPORT, cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020),
-    HOOK(IPCC_SLOT_VMM_RESERVE, cuMemAddressReserve, "cuMemAddressReserve", 10020),
-    HOOK(IPCC_SLOT_VMM_FREE, cuMemAddressFree, "cuMemAddressFree", 10020),
-    HOOK(IPCC_SLOT_VMM_MAP, cuMemMap, "cuMemMap", 10020),
-    HOOK(IPCC_SLOT_VMM_UNMAP, cuMemUnmap, "cuMemUnmap", 10020),
-    HOOK(IPCC_SLOT_VMM_SET_ACCESS, cuMemSetAccess, "cuMemSetAccess", 10020),
-    HOOK(IPCC_SLOT_VMM_GET_ACCESS, cuMemGetAccess, "cuMemGetAccess", 10020),
-    HOOK(IPCC_SLOT_VMM_RELEASE, cuMemRelease, "cuMemRelease", 10020),
-    HOOK(IPCC_SLOT_IPC_GET, cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010),
-    HOOK(IPCC_SLOT_MEM_FREE_V1, cuMemFree, "cuMemFree", 2000),
-    HOOK(IPCC_SLOT_MEM_FREE_V2, cuMemFree_v2, "cuMemFree", 3020),
-    HOOK(IPCC_SLOT_VMM_EXPORT, cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020),
+#define IPCC_HOOK(slot, sym, proc, ver) \
+    [IPCC_SLOT_##slot] = { .symbol = #sym, .proc_name = #proc, .since = ver, .wrapper = (void *)sym },
+#include "hooks.def"
+#undef IPCC_HOOK
 };

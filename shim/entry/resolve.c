@@ -1,7 +1,7 @@
 /*
  * resolve.c - handing our wrappers to whoever looks the hooked names up.
  *
- * Callers reach the driver three ways (see README, "How it hooks"): linked
+ * Callers reach the driver three ways (design.md "How it hooks"): linked
  * symbols (the exports themselves), dlsym on libcuda (cudart, ctypes), and
  * cuGetProcAddress (cudart after it found the resolver, cuda-python). The
  * last two land here: the real lookup runs first with the caller's arguments,

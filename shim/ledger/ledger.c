@@ -1,7 +1,7 @@
 /*
  * ledger.c - the release ledger's file, the processes it names, the table of
  * exported allocations and the importers' slots. Requests live in
- * ledger_request.c; the layout in ledger.h.
+ * ledger_request.c; the layout in ledger_impl.h.
  *
  * One file per user, "release-ledger-v2" in the per-user directory (0700, so
  * another user can neither read nor write it), opened without following links
@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ledger.h"
+#include "ledger_impl.h"
 
 static struct ipcc_ledger_file *ledger;
 static pthread_once_t open_once = PTHREAD_ONCE_INIT;

@@ -1,87 +1,55 @@
 /*
- * ledger.h - layout of the release ledger, the one shared-memory file per
- * user through which exporters ask importers to let go of idle mappings.
- * Private to ledger.c, ledger_request.c and the ledger's unit test; the rest
- * of the library uses the functions declared in release_ledger.h.
- *
- * Every field another process may write is atomic; every slot is owned by
- * one process, named by pid and start time, and taken with a compare-and-swap
- * on its pid word, so a dead owner's slot can be taken over.
+ * ledger.h - the release ledger: exporters' frees reach importers'
+ * idle mappings (ledger.c: the file, exports and importer slots;
+ * ledger_request.c: requests and answers; ledger_helper.c: the importer's
+ * helper thread, which hands each let-go to the kinds that registered).
+ * ledger_impl.h is the file's layout, private to the first two.
  */
-#ifndef IPCC_LEDGER_H
-#define IPCC_LEDGER_H
+#ifndef IPCC_RELEASE_LEDGER_H
+#define IPCC_RELEASE_LEDGER_H
 
-#include "release_ledger.h"
+#include "base.h"
 
-#define IPCC_LEDGER_MAGIC 0x32676c6363706969ULL /* "iipccgl2" */
-#define IPCC_LEDGER_NAME "release-ledger-v2"
-#define IPCC_LEDGER_EXPORTS 1024
-#define IPCC_LEDGER_PROBES 32
-#define IPCC_LEDGER_WATCH 16
+#define IPCC_LEDGER_IMPORTERS 64
+#define IPCC_LEDGER_REQUESTS 64
 
-/* An exported allocation: lets an importer learn whose handle it mapped. */
-struct ipcc_ledger_export {
-    _Atomic int32_t pid;          /* 0: free */
-    _Atomic uint32_t ready;       /* handle and start written */
-    _Atomic uint64_t start;
+/* ledger.c: the file, process identity, exports and importer slots. */
+IPCC_HIDDEN int ipcc_ledger_ready(void);
+IPCC_HIDDEN int ipcc_ledger_publish(const void *handle);
+IPCC_HIDDEN void ipcc_ledger_unpublish(const void *handle);
+IPCC_HIDDEN int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner);
+IPCC_HIDDEN int ipcc_ledger_unpublished(void);
+IPCC_HIDDEN int ipcc_ledger_register(void);
+IPCC_HIDDEN void ipcc_ledger_unregister(int slot);
+IPCC_HIDDEN void ipcc_ledger_name_helper(int slot, int32_t tid);
+IPCC_HIDDEN void ipcc_ledger_watch(int slot, int32_t exporter_pid);
+IPCC_HIDDEN void ipcc_ledger_unwatch(int slot, int32_t exporter_pid);
+IPCC_HIDDEN uint32_t ipcc_ledger_doorbell(int slot);
+IPCC_HIDDEN void ipcc_ledger_sleep(int slot, uint32_t seen, uint64_t ns);
+
+/* ledger.c: the first listed export match() accepts (returns 1); 1 with it
+ * copied. match returns -1 when the owner no longer exists: the entry is
+ * freed, so that later scans skip it. */
+IPCC_HIDDEN int ipcc_ledger_publish_tag(const void *tag);
+IPCC_HIDDEN int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner,
+                                                     const void *handle, void *arg),
+                                        void *arg, void *handle, struct ipcc_proc *owner);
+
+/* ledger_request.c: one exporter's "let go of this handle", and answers. */
+struct ipcc_ledger_ask {
+    int index;
+    uint32_t gen;
     unsigned char handle[IPCC_HANDLE_BYTES];
 };
+IPCC_HIDDEN int ipcc_ledger_release(const void *handle, uint64_t wait_ns);
+IPCC_HIDDEN int ipcc_ledger_next_ask(int slot, int from, struct ipcc_ledger_ask *ask);
+IPCC_HIDDEN void ipcc_ledger_answer(int slot, const struct ipcc_ledger_ask *ask);
 
-/* A process that holds cached mappings of other processes' memory. */
-struct ipcc_ledger_importer {
-    _Atomic int32_t pid;          /* 0: free; -pid: being claimed by pid */
-    _Atomic uint32_t doorbell;    /* futex: bumped by exporters with news */
-    _Atomic uint64_t start;       /* the owner's, once pid is positive */
-    _Atomic uint32_t any;         /* holds handles of unknown exporters */
-    _Atomic int32_t helper;       /* its helper thread's tid; 0 until named */
-    _Atomic int32_t watch[IPCC_LEDGER_WATCH]; /* exporters whose handles it holds */
-    _Atomic uint32_t acked[IPCC_LEDGER_REQUESTS]; /* generation last answered */
-};
-
-enum { IPCC_REQ_FREE, IPCC_REQ_WRITING, IPCC_REQ_POSTED };
-
-/* A request's state word holds its generation too (gen << 2 | state), so
- * that one compare-and-swap tells "my request, still posted" from a later
- * one posted in the same slot by another exporter. */
-#define IPCC_REQ_STATE(word) ((word) & 3u)
-#define IPCC_REQ_GEN(word) ((word) >> 2)
-
-/* "The allocation with this handle is being freed": posted by its exporter
- * and answered by every importer it names in expected. */
-struct ipcc_ledger_request {
-    _Atomic uint32_t state;       /* gen << 2 | IPCC_REQ_*; gen changes at every posting */
-    uint32_t zero_pad0;
-    _Atomic uint32_t answers;     /* futex: bumped by each answer */
-    uint32_t zero_pad;
-    _Atomic uint64_t expected;    /* importer slots asked to answer */
-    _Atomic uint64_t deadline_ns; /* CLOCK_MONOTONIC: the exporter stops waiting */
-    _Atomic int32_t pid;
-    uint32_t zero_pad2;
-    _Atomic uint64_t start;
-    unsigned char handle[IPCC_HANDLE_BYTES];
-};
-
-struct ipcc_ledger_file {
-    _Atomic uint64_t magic;
-    _Atomic uint32_t unpublished; /* an exporter could not list a handle */
-    uint32_t zero_pad;
-    struct ipcc_ledger_importer importers[IPCC_LEDGER_IMPORTERS];
-    struct ipcc_ledger_request requests[IPCC_LEDGER_REQUESTS];
-    struct ipcc_ledger_export exports[IPCC_LEDGER_EXPORTS];
-};
-
-_Static_assert(IPCC_LEDGER_IMPORTERS <= 64, "expected is a 64-bit mask");
-
-/* The mapped ledger, or NULL when there is none (ledger.c). */
-IPCC_HIDDEN struct ipcc_ledger_file *ipcc_ledger_file(void);
-
-/* Whether importer slot s, owned by the live process pid, can answer: its
- * helper thread was named and still lives, run yet or not (an exec() ends
- * it and keeps the slot). */
-IPCC_HIDDEN int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid);
-
-/* Futex words live in a shared file mapping: never the private variant. */
-IPCC_HIDDEN void ipcc_futex_wake(_Atomic uint32_t *word);
-IPCC_HIDDEN void ipcc_futex_wait(_Atomic uint32_t *word, uint32_t seen, uint64_t ns);
+/* ledger_helper.c: the importer's side, both kinds; each kind registers
+ * what it closes when an exporter lets go of a handle (or a VMM tag). */
+IPCC_HIDDEN void ipcc_ghost_note_open(const void *handle);
+IPCC_HIDDEN void ipcc_ledger_helper_register(void (*let_go)(const void *handle));
+IPCC_HIDDEN void ipcc_ledger_helper_fork_child(void); /* no helper, no slot, nothing seen */
+IPCC_HIDDEN int ipcc_ledger_helper_exiting(void);
 
 #endif

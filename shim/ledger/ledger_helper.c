@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "release_ledger.h"
-#include "life.h"
+#include "ledger.h"
+#include "stats.h"
 
 static int seen_oom;
 #define HASH_NONFATAL_OOM 1
@@ -173,13 +173,13 @@ static void *helper_main(void *arg)
 {
     int me = (int)(intptr_t)arg;
     relax_capture_mode();
-    uint64_t last_check = ipcc_now_ns();
+    uint64_t last_check = ipcc_clock_ns();
     while (!atomic_load(&exiting)) {
         uint32_t rung = ipcc_ledger_doorbell(me);
         answer_requests(me);
-        if (ipcc_now_ns() - last_check >= CHECK_EVERY_NS) {
+        if (ipcc_clock_ns() - last_check >= CHECK_EVERY_NS) {
             release_dead_exporters(0);
-            last_check = ipcc_now_ns();
+            last_check = ipcc_clock_ns();
         }
         ipcc_ledger_sleep(me, rung, CHECK_EVERY_NS);
     }
@@ -232,8 +232,9 @@ static void unregister_at_exit(void)
     atomic_store(&exiting, 1);
 }
 
-/* Fork child: no helper runs here and the slot is the parent's. */
-static void reset_in_child(void)
+/* Fork child (entry/wiring.c's list): no helper runs here and the slot is
+ * the parent's. */
+void ipcc_ledger_helper_fork_child(void)
 {
     struct seen *s, *tmp;
     HASH_ITER(hh, seen, s, tmp) {
@@ -244,21 +245,14 @@ static void reset_in_child(void)
     atomic_store(&slot, -1);
 }
 
-static void watch_forks(void)
-{
-    pthread_atfork(NULL, NULL, reset_in_child);
-}
-
 /* The first time only: a ledger slot, and the thread that answers on it. */
 static int my_slot(void)
 {
-    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
     int s = atomic_load(&slot);
     if (s != -1)
         return s;
     if (!atomic_compare_exchange_strong(&slot, &s, -2))
         return atomic_load(&slot); /* another thread is at it */
-    pthread_once(&fork_once, watch_forks);
     s = ipcc_ledger_register();
     if (s == -2)
         ipcc_log(IPCC_LOG_INFO, "release ledger: all %d importer slots are held by live "

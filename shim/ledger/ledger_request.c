@@ -18,19 +18,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "ledger.h"
+#include "ledger_impl.h"
 
 /* How often a waiting exporter looks for importers that died meanwhile. */
 #define LIVENESS_SLICE_NS (5ULL * 1000 * 1000)
 
 /* CLOCK_MONOTONIC is one clock for every process: deadlines are shared. */
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- the exporter ------------------------------------------------------- */
 
 static int watches(struct ipcc_ledger_importer *s, int32_t pid)
@@ -174,7 +167,7 @@ int ipcc_ledger_release(const void *handle, uint64_t wait_ns)
     uint64_t mask = importers_to_ask(f, me, pids);
     if (!mask)
         return 0; /* the common case for memory nobody imported */
-    uint64_t now = now_ns(), deadline = now + wait_ns;
+    uint64_t now = ipcc_clock_ns(), deadline = now + wait_ns;
     int r = claim_request(f, now);
     if (r < 0)
         return -1;
@@ -185,7 +178,7 @@ int ipcc_ledger_release(const void *handle, uint64_t wait_ns)
     uint64_t left = mask;
     int check_alive = 0;
     while ((left = unanswered(f, r, gen, left, pids, check_alive)) != 0 &&
-           (now = now_ns()) < deadline) {
+           (now = ipcc_clock_ns()) < deadline) {
         uint32_t seen = atomic_load_explicit(&q->answers, memory_order_acquire);
         left = unanswered(f, r, gen, left, pids, 0); /* an answer may have come meanwhile */
         if (!left)

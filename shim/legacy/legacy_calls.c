@@ -21,12 +21,11 @@
 
 #include "legacy.h"
 #include "budget.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 typedef CUresult (*open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 typedef CUresult (*close_fn)(CUdeviceptr);
 
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 
 /* ---- contexts ----------------------------------------------------------- */
 
@@ -91,10 +90,10 @@ static CUresult passthrough_close(close_fn real, CUdeviceptr dptr)
 /* A real close made by the cache itself, timed for the stats. */
 static CUresult timed_real_close(close_fn real, CUdeviceptr dptr)
 {
-    uint64_t t0 = ipcc_now_ns();
+    uint64_t t0 = ipcc_clock_ns();
     CUresult rc = real(dptr);
     if (rc == CUDA_SUCCESS) {
-        IPCC_ADD(real_close_ns, ipcc_now_ns() - t0);
+        IPCC_ADD(real_close_ns, ipcc_clock_ns() - t0);
         IPCC_COUNT(real_close_samples);
         IPCC_COUNT(real_closes);
     }
@@ -124,23 +123,24 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
     if (!ctx)
         return passthrough_open(real, pdptr, h, flags);
     IPCC_COUNT(misses);
-    uint64_t t0 = ipcc_now_ns();
+    uint64_t t0 = ipcc_clock_ns();
     CUresult rc = real(pdptr, h, flags);
     if (rc == CUDA_ERROR_INVALID_HANDLE && ipcc_release_idle_elsewhere(key->ctx_id) > 0) {
         /* Our idle mapping in another context on this device was in the way. */
-        t0 = ipcc_now_ns();
+        t0 = ipcc_clock_ns();
         rc = real(pdptr, h, flags);
     }
     if (rc != CUDA_SUCCESS)
         return count_result(rc);
-    IPCC_ADD(real_open_ns, ipcc_now_ns() - t0);
+    IPCC_ADD(real_open_ns, ipcc_clock_ns() - t0);
     IPCC_COUNT(real_open_samples);
     IPCC_COUNT(real_opens);
 
     uint64_t dptr = *pdptr, cached = 0;
     uint64_t bytes = mapping_bytes(dptr);
     ipcc_lock();
-    int inserted = ipcc_cache_insert(ipcc_table(), key, ctx, dptr, bytes, ipcc_now_ns(), &cached);
+    int inserted = ipcc_cache_insert(ipcc_budget_legacy(), key, ctx, dptr, bytes, ipcc_clock_ns(),
+                                     &cached);
     if (inserted >= 0)
         lend_here();
     ipcc_unlock();
@@ -167,7 +167,7 @@ static CUresult open_uncached(int slot, CUdeviceptr *pdptr, const CUipcMemHandle
                               unsigned flags)
 {
     open_fn real = real_open(slot);
-    return real ? passthrough_open(real, pdptr, *h, flags) : NO_DRIVER;
+    return real ? passthrough_open(real, pdptr, *h, flags) : IPCC_CUDA_NO_DRIVER;
 }
 
 /* ---- lending: a thread's repeat hits of one entry take no lock ---------- */
@@ -185,7 +185,7 @@ static void return_at_thread_exit(void *watch)
 {
     *(int *)watch = WATCH_RAN;
     ipcc_lock();
-    ipcc_cache_return_lent(ipcc_table(), 1);
+    ipcc_cache_return_lent(ipcc_budget_legacy(), 1);
     ipcc_unlock();
 }
 
@@ -195,14 +195,14 @@ static void make_lent_key(void)
 }
 
 /* Lock held, after this thread's hit or insert: lends it the entry if the
- * idle budget has room for it (cache.c says why). Without a way to give it
+ * idle budget has room for it (tables/legacy_table.c says why). Without a way to give it
  * back at thread exit, or once that has run, nothing is lent. */
 static void lend_here(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     static __thread int watched __attribute__((tls_model("initial-exec")));
     uint64_t room_bytes, room_entries;
-    if (!ipcc_cache_recent_lendable(ipcc_table()))
+    if (!ipcc_cache_recent_lendable(ipcc_budget_legacy()))
         return;
     pthread_once(&once, make_lent_key);
     if (!lent_key_made || watched == WATCH_RAN ||
@@ -211,16 +211,7 @@ static void lend_here(void)
     watched = WATCH_ARMED;
     ipcc_tables_room(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, &room_bytes,
                      &room_entries);
-    ipcc_cache_lend_recent(ipcc_table(), ipcc_now_ns(), room_entries, room_bytes);
-}
-
-/* The clock a lent close is ordered by: a tick's resolution, a fraction of
- * the precise clock's cost (the ordering it gives: cache.c, README). */
-static uint64_t coarse_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+    ipcc_cache_lend_recent(ipcc_budget_legacy(), ipcc_clock_ns(), room_entries, room_bytes);
 }
 
 /* The thread's last hit again: no hash, no search. */
@@ -229,7 +220,7 @@ static int open_recent(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
     if (!ipcc_cache_recent_is(ctx_id, h->reserved, flags))
         return 0;
     ipcc_lock();
-    int hit = ipcc_cache_acquire_recent(ipcc_table(), dptr);
+    int hit = ipcc_cache_acquire_recent(ipcc_budget_legacy(), dptr);
     if (hit)
         lend_here();
     ipcc_unlock();
@@ -243,7 +234,7 @@ static int open_cached(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
     struct ipcc_key key;
     ipcc_key_init(&key, ctx_id, h->reserved, flags);
     ipcc_lock();
-    int hit = ipcc_cache_acquire(ipcc_table(), &key, dptr);
+    int hit = ipcc_cache_acquire(ipcc_budget_legacy(), &key, dptr);
     if (hit)
         lend_here();
     ipcc_unlock();
@@ -253,7 +244,7 @@ static int open_cached(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
 }
 
 /* The hit path touches neither the real function nor a copy of the handle. */
-int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned flags)
+int ipcc_legacy_open_call(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned flags)
 {
     CUdeviceptr *pdptr = (CUdeviceptr *)pdptr_u64;
     const CUipcMemHandle *h = handle_bytes;
@@ -273,7 +264,7 @@ int ipcc_open(int slot, uint64_t *pdptr_u64, const void *handle_bytes, unsigned 
     struct ipcc_key key;
     ipcc_key_init(&key, ctx_id, h->reserved, flags);
     open_fn real = real_open(slot);
-    return real ? open_miss(real, &key, current_context(), pdptr, *h, flags) : NO_DRIVER;
+    return real ? open_miss(real, &key, current_context(), pdptr, *h, flags) : IPCC_CUDA_NO_DRIVER;
 }
 
 /* ---- close -------------------------------------------------------------- */
@@ -293,7 +284,7 @@ static void wait_until_closed(uint64_t ctx_id, uint64_t dptr)
     } while (closing);
 }
 
-int ipcc_close(uint64_t dptr)
+int ipcc_legacy_close_call(uint64_t dptr)
 {
     ipcc_lifecycle_start();
     uint64_t ctx_id;
@@ -302,19 +293,20 @@ int ipcc_close(uint64_t dptr)
      * torn down past us) finds nothing here: the driver answers it. */
     int cached = !ipcc_config.disabled && current_context_id(&ctx_id) == 0;
     /* The budget had room for it idle when it was lent: nothing to evict. */
-    if (cached && ipcc_cache_close_lent(ctx_id, dptr, coarse_now_ns())) {
+    if (cached && ipcc_cache_close_lent(ctx_id, dptr, ipcc_clock_coarse_ns())) {
         IPCC_COUNT(close_cached);
         return CUDA_SUCCESS;
     }
     close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     if (!cached)
         return passthrough_close(real, (CUdeviceptr)dptr);
 
     const struct ipcc_victim self = { NULL, ctx_id, dptr, 0 }; /* listed, never closed as a victim */
     ipcc_lock();
-    enum ipcc_release_result r = ipcc_cache_release(ipcc_table(), ctx_id, dptr, ipcc_now_ns());
+    enum ipcc_release_result r =
+        ipcc_cache_release(ipcc_budget_legacy(), ctx_id, dptr, ipcc_clock_ns());
     int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_closing_has(ctx_id, dptr);
     if (r == IPCC_RELEASE_PAST_ZERO)
         ipcc_closing_add(&self, 1);
@@ -348,10 +340,10 @@ int ipcc_close(uint64_t dptr)
  * them, closing nothing. */
 void ipcc_forget_context(uint64_t ctx_id)
 {
-    if (!ipcc_table())
+    if (!ipcc_budget_legacy())
         return;
     ipcc_lock();
-    size_t n = ipcc_cache_drop_ctx(ipcc_table(), ctx_id, NULL, 0);
+    size_t n = ipcc_cache_drop_ctx(ipcc_budget_legacy(), ctx_id, NULL, 0);
     ipcc_unlock();
     IPCC_ADD(invalidations, n);
 }
@@ -363,10 +355,10 @@ void ipcc_sweep_dead_contexts(void)
     enum { MAX_CONTEXTS = 64 };
     void *ctxs[MAX_CONTEXTS];
     uint64_t ids[MAX_CONTEXTS];
-    if (!ipcc_table())
+    if (!ipcc_budget_legacy())
         return;
     ipcc_lock();
-    size_t n = ipcc_cache_contexts(ipcc_table(), ctxs, ids, MAX_CONTEXTS);
+    size_t n = ipcc_cache_contexts(ipcc_budget_legacy(), ctxs, ids, MAX_CONTEXTS);
     ipcc_unlock();
     for (size_t i = 0; i < n; i++) {
         uint64_t id;

@@ -176,13 +176,13 @@ void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted)
     if (!real)
         return;
     for (size_t i = 0; i < n; i++) {
-        uint64_t t0 = ipcc_now_ns();
+        uint64_t t0 = ipcc_clock_ns();
         enum close_outcome out = close_in_context(real, &v[i]);
         if (out == CONTEXT_GONE)
             IPCC_COUNT(invalidations);
         if (out != CLOSED)
             continue;
-        IPCC_ADD(real_close_ns, ipcc_now_ns() - t0);
+        IPCC_ADD(real_close_ns, ipcc_clock_ns() - t0);
         IPCC_COUNT(real_close_samples);
         IPCC_COUNT(real_closes);
         if (evicted)

@@ -19,7 +19,7 @@
 #include <cuda.h>
 
 #include "legacy.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 static int exported_oom;
 #define HASH_NONFATAL_OOM 1
@@ -30,7 +30,6 @@ typedef CUresult (*get_fn)(CUipcMemHandle *, CUdeviceptr);
 typedef CUresult (*free_v1_fn)(unsigned int);
 typedef CUresult (*free_v2_fn)(CUdeviceptr);
 
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 
 struct exported {
     uint64_t base;
@@ -40,10 +39,10 @@ struct exported {
 
 static struct exported *exported;   /* under the table lock */
 static _Atomic int anything_exported;
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
-/* Fork child: the parent's allocations are not the child's to free. */
-static void forget_all_in_child(void)
+/* Fork child (entry/wiring.c's list): the parent's allocations are not the
+ * child's to free. */
+void ipcc_legacy_exporter_fork_child(void)
 {
     struct exported *e, *tmp;
     HASH_ITER(hh, exported, e, tmp) {
@@ -51,11 +50,6 @@ static void forget_all_in_child(void)
         ipcc_mem_free(e);
     }
     atomic_store(&anything_exported, 0);
-}
-
-static void watch_forks(void)
-{
-    pthread_atfork(NULL, NULL, forget_all_in_child);
 }
 
 /* The allocation's base: the driver hands out one handle per allocation,
@@ -109,18 +103,17 @@ static int forget(uint64_t base, unsigned char handle[IPCC_HANDLE_BYTES])
     return e != NULL;
 }
 
-int ipcc_exporter_get_handle(void *handle, uint64_t dptr)
+int ipcc_legacy_export_call(void *handle, uint64_t dptr)
 {
     get_fn real = (get_fn)ipcc_real(IPCC_SLOT_IPC_GET);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real((CUipcMemHandle *)handle, (CUdeviceptr)dptr);
     if (rc != CUDA_SUCCESS || !handle)
         return rc;
     ipcc_lifecycle_start();
     if (ipcc_config.disabled)
         return rc;
-    pthread_once(&fork_once, watch_forks);
     remember(base_of(dptr), handle);
     ipcc_ledger_publish(handle); /* unknown to the ledger: importers ask for all */
     return rc;
@@ -128,11 +121,11 @@ int ipcc_exporter_get_handle(void *handle, uint64_t dptr)
 
 /* Asks importers to let go of the allocation at dptr if it was exported,
  * then frees it for real (the ABI of the given slot). */
-int ipcc_exporter_free(int slot, uint64_t dptr)
+int ipcc_legacy_free_call(int slot, uint64_t dptr)
 {
     void *real = ipcc_real(slot);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     unsigned char handle[IPCC_HANDLE_BYTES];
     if (atomic_load_explicit(&anything_exported, memory_order_acquire) && forget(dptr, handle)) {
         int late = ipcc_ledger_release(handle, ipcc_config.release_wait_ms * 1000000ULL);

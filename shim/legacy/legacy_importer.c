@@ -11,7 +11,7 @@
  */
 #include "legacy.h"
 #include "budget.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 #define BATCH 32
 
@@ -51,7 +51,7 @@ static uint64_t close_idle_of(const unsigned char *handle)
             return live;
         live = 0;
         ipcc_lock();
-        n = ipcc_cache_take_idle_by_handle(ipcc_table(), handle, v, BATCH, &live);
+        n = ipcc_cache_take_idle_by_handle(ipcc_budget_legacy(), handle, v, BATCH, &live);
         ipcc_closing_add(v, n);
         ipcc_unlock();
         IPCC_ADD(releases_on_request, close_until_exit(v, n));
@@ -85,7 +85,7 @@ static uint64_t let_go_of_handle(const unsigned char *handle, int *in_use, void 
  * freed while in use here; then its last close really closes it. */
 void ipcc_ghost_after_close(void)
 {
-    if (ipcc_keyset_count(&doomed) == 0 || !ipcc_table())
+    if (ipcc_keyset_count(&doomed) == 0 || !ipcc_budget_legacy())
         return;
     atomic_store(&ghost, ipcc_keyset_sweep(&doomed, let_go_of_handle, NULL));
 }

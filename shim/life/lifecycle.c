@@ -19,6 +19,7 @@
 #include <stdlib.h>
 
 #include "life.h"
+#include "stats.h"
 
 static pthread_once_t start_once = PTHREAD_ONCE_INIT;
 static const struct ipcc_life_hooks *layers;
@@ -50,8 +51,9 @@ void ipcc_life_register(const struct ipcc_life_hooks *h)
  *  - in pthread_once (start, the driver's functions): an init under way in
  *    the parent runs again in the child; start() is safe to run twice.
  *  - in pthread_create (the helper thread): the stack list is reset.
- *  - in pthread_atfork (modules register their child handlers lazily): fork
- *    holds that list's lock throughout and releases it in both processes.
+ *  - in pthread_atfork (this file's second registration, at start; no other
+ *    module registers one): fork holds that list's lock throughout and
+ *    releases it in both processes.
  *  - in strerror (a read lock of the message catalogs, shared: the child's
  *    readers pass), vsnprintf and write (no lock) for a message.
  *  - in a driver call (the helper's close, release or unmap; never under a
@@ -103,16 +105,16 @@ static void after_fork_late(void)
 }
 
 /* The child's mappings belong to the parent's contexts: forget them all.
- * The locks may have been taken by a thread that does not exist here. This
- * one runs first of ours in the child (POSIX: in registration order). */
+ * The locks may have been taken by a thread that does not exist here. The
+ * library's one child handler: every layer's reset runs from it, in the
+ * order of entry/wiring.c's list. */
 static void after_fork_child(void)
 {
     ipcc_mem_reset();
     ipcc_fork_guard_reset();
     ipcc_lock_reset();
-    for (size_t i = 0; layers && i < IPCC_LIFE_RESETS && layers->fork_child[i]; i++)
+    for (size_t i = 0; layers && i < layers->fork_children; i++)
         layers->fork_child[i]();
-    ipcc_stats_reset();
 }
 
 __attribute__((constructor)) static void watch_forks(void)

@@ -33,7 +33,6 @@
 #include "vmm.h"
 #include "budget.h"
 
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 #define RECENT_MAX 512 /* imports remembered per thread until its next reserve */
 
 typedef CUresult (*import_fn)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
@@ -68,7 +67,7 @@ static __thread struct {
  * NULL. */
 static struct ipcc_vmm_table *active(void)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     if (!t || ipcc_config.disabled)
         return NULL;
     return t;
@@ -124,7 +123,7 @@ static void record_import(struct ipcc_vmm_table *t, struct ipcc_vmm_id *id,
         return; /* the app's handle is the driver's, as without the cache */
     uint64_t cached = 0;
     ipcc_lock();
-    int r = ipcc_vmm_import_insert(t, id, *h, ipcc_now_ns(), &cached);
+    int r = ipcc_vmm_import_insert(t, id, *h, ipcc_clock_ns(), &cached);
     ipcc_unlock();
     if (r == 1) {
         remember_recent(*h);
@@ -146,10 +145,10 @@ int ipcc_vmm_import_call(uint64_t *handle, void *os, int type_int)
     CUmemAllocationHandleType type = (CUmemAllocationHandleType)type_int;
     import_fn real = (import_fn)ipcc_real(IPCC_SLOT_VMM_IMPORT);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     ipcc_lifecycle_start();
     if (!ipcc_config.disabled && ipcc_config.vmm) /* IPCCACHE_VMM=0: no table, no caching */
-        ipcc_tables_vmm_start();
+        ipcc_tables_vmm_start(ipcc_vmm_kcmp, ipcc_vmm_same_file);
     struct ipcc_vmm_table *t = active();
     struct ipcc_vmm_id id;
     if (!t || !h || ipcc_vmm_id_of(&id, os, type) < 0 || !ipcc_vmm_identity_works(&id))
@@ -158,7 +157,7 @@ int ipcc_vmm_import_call(uint64_t *handle, void *os, int type_int)
     IPCC_COUNT(vmm_imports);
     uint64_t cached;
     ipcc_lock();
-    int hit = ipcc_vmm_import_find(t, &id, ipcc_now_ns(), &cached);
+    int hit = ipcc_vmm_import_find(t, &id, ipcc_clock_ns(), &cached);
     ipcc_unlock();
     if (hit == 1) {
         IPCC_COUNT(vmm_import_hits);
@@ -176,13 +175,13 @@ int ipcc_vmm_release_call(uint64_t handle)
 {
     release_fn real = (release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     ipcc_vmm_exporter_release(handle); /* vmm_exporter.c: importers let go first */
     struct ipcc_vmm_table *t = active();
     if (!t)
         return counted(real(handle));
     ipcc_lock();
-    enum ipcc_release_result r = ipcc_vmm_release(t, handle, ipcc_now_ns());
+    enum ipcc_release_result r = ipcc_vmm_release(t, handle, ipcc_clock_ns());
     ipcc_unlock();
     if (r == IPCC_RELEASE_NOT_FOUND)
         return counted(real(handle));
@@ -229,7 +228,7 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
 {
     reserve_fn real = (reserve_fn)ipcc_real(IPCC_SLOT_VMM_RESERVE);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     struct ipcc_vmm_table *t = active();
     if (!t)
         return counted(real((CUdeviceptr *)ptr, size, align, addr, flags));
@@ -247,8 +246,8 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
         ipcc_vmm_clear_range(t, addr, size, &ops); /* the hint may be ours: give way */
     else if (ptr && flags == 0 && n > 0 && (align & (align - 1)) == 0) /* else the driver's error */
         reused = recent.reserve_first
-                     ? ipcc_vmm_reserve_next(t, size, align, &recent.history, ipcc_now_ns(), ptr)
-                     : ipcc_vmm_reserve_reuse(t, size, align, recent.handles, n, ipcc_now_ns(),
+                     ? ipcc_vmm_reserve_next(t, size, align, &recent.history, ipcc_clock_ns(), ptr)
+                     : ipcc_vmm_reserve_reuse(t, size, align, recent.handles, n, ipcc_clock_ns(),
                                               ptr);
     ipcc_unlock();
     ipcc_vmm_run_ops(&ops, 1);
@@ -295,14 +294,14 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
 {
     range_fn real = (range_fn)ipcc_real(slot);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     struct ipcc_vmm_table *t = active();
     if (!t)
         return counted(real(ptr, size));
     struct ipcc_vmm_ops ops = { 0 };
     CUresult rc;
     ipcc_lock();
-    enum ipcc_vmm_verdict v = ask(t, ptr, size, ipcc_now_ns(), &ops);
+    enum ipcc_vmm_verdict v = ask(t, ptr, size, ipcc_clock_ns(), &ops);
     ipcc_unlock();
     if (answered(v, &ops, &rc)) {
         if (v == IPCC_VMM_DONE) {
@@ -338,7 +337,7 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
 {
     map_fn real = (map_fn)ipcc_real(IPCC_SLOT_VMM_MAP);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     struct ipcc_vmm_table *t = active();
     if (!t)
         return counted(real(ptr, size, offset, handle, flags));
@@ -351,7 +350,7 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
     enum ipcc_vmm_verdict v = ipcc_vmm_import_released(t, handle) ? IPCC_VMM_INVALID
                               : offset || flags
                                   ? ipcc_vmm_give_way(t, ptr, size, &ops)
-                                  : ipcc_vmm_map(t, ptr, size, handle, ipcc_now_ns(), &ops);
+                                  : ipcc_vmm_map(t, ptr, size, handle, ipcc_clock_ns(), &ops);
     if (v == IPCC_VMM_DONE)
         note_map(t, ptr, handle);
     ipcc_unlock();
@@ -395,7 +394,7 @@ int ipcc_vmm_set_access_call(uint64_t ptr, size_t size, const void *desc_v, size
     const CUmemAccessDesc *desc = desc_v;
     set_access_fn real = (set_access_fn)ipcc_real(IPCC_SLOT_VMM_SET_ACCESS);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     struct ipcc_vmm_table *t = active();
     if (!t)
         return counted(real(ptr, size, desc, count));
@@ -425,7 +424,7 @@ int ipcc_vmm_get_access_call(unsigned long long *flags, const void *location, ui
 {
     get_access_fn real = (get_access_fn)ipcc_real(IPCC_SLOT_VMM_GET_ACCESS);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     struct ipcc_vmm_table *t = active();
     if (!t || !flags || !location)
         return counted(real(flags, location, ptr));

@@ -20,7 +20,6 @@
 typedef CUresult (*range_fn)(CUdeviceptr, size_t);
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 
 /* ---- unmaps and frees under way ------------------------------------------ */
 
@@ -121,7 +120,7 @@ void ipcc_vmm_under_way_reset(void)
 static void release_done(uint64_t handle)
 {
     ipcc_lock();
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     if (t)
         ipcc_vmm_release_done(t, handle);
     ipcc_unlock();
@@ -132,16 +131,16 @@ static void run_op(const struct ipcc_vmm_victim *v, int evicted)
     CUresult rc = CUDA_SUCCESS;
     if (v->op == IPCC_VMM_UNMAP) {
         range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_UNMAP);
-        rc = f ? f(v->addr, v->size) : NO_DRIVER;
+        rc = f ? f(v->addr, v->size) : IPCC_CUDA_NO_DRIVER;
         op_done(v);
     } else if (v->op == IPCC_VMM_FREE) {
         range_fn f = (range_fn)ipcc_real(IPCC_SLOT_VMM_FREE);
         wait_unmaps_in(v->addr, v->size); /* another thread's, taken earlier */
-        rc = f ? f(v->addr, v->size) : NO_DRIVER;
+        rc = f ? f(v->addr, v->size) : IPCC_CUDA_NO_DRIVER;
         op_done(v);
     } else {
         release_fn f = (release_fn)ipcc_real(IPCC_SLOT_VMM_RELEASE);
-        rc = f ? f(v->handle) : NO_DRIVER;
+        rc = f ? f(v->handle) : IPCC_CUDA_NO_DRIVER;
         release_done(v->handle);
         if (v->fd >= 0)
             close(v->fd);

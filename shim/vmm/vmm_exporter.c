@@ -24,7 +24,7 @@
 #include <cuda.h>
 
 #include "vmm.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 static int exports_oom;
 #define HASH_NONFATAL_OOM 1
@@ -34,7 +34,6 @@ static int exports_oom;
 typedef CUresult (*export_fn)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
                               unsigned long long);
 
-#define NO_DRIVER CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND
 #define TAG_MAGIC "ipccVMM1"
 
 /* The ledger's 64 bytes for one export; unused bytes zero. */
@@ -61,7 +60,6 @@ struct exported {
 static struct exported *exported;
 static _Atomic int anything_exported;
 static _Atomic uint64_t next_serial;
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
 static void tag_of(unsigned char out[IPCC_HANDLE_BYTES], const struct fd_export *x)
 {
@@ -86,18 +84,14 @@ static void forget(struct exported *e)
     ipcc_mem_free(e);
 }
 
-/* Fork child: the parent's allocations are not the child's to release. */
-static void forget_all_in_child(void)
+/* Fork child (entry/wiring.c's list): the parent's allocations are not the
+ * child's to release. */
+void ipcc_vmm_exporter_fork_child(void)
 {
     struct exported *e, *tmp;
     HASH_ITER(hh, exported, e, tmp)
         forget(e);
     atomic_store(&anything_exported, 0);
-}
-
-static void watch_forks(void)
-{
-    pthread_atfork(NULL, NULL, forget_all_in_child);
 }
 
 /* ---- export ----------------------------------------------------------------- */
@@ -171,14 +165,13 @@ int ipcc_vmm_export_call(void *out, uint64_t handle, int type, unsigned long lon
 {
     export_fn real = (export_fn)ipcc_real(IPCC_SLOT_VMM_EXPORT);
     if (!real)
-        return NO_DRIVER;
+        return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(out, handle, (CUmemAllocationHandleType)type, flags);
     if (rc != CUDA_SUCCESS || !out || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return rc;
     ipcc_lifecycle_start();
     if (ipcc_config.disabled || !ipcc_config.vmm)
         return rc;
-    pthread_once(&fork_once, watch_forks);
     remember(handle, *(int *)out);
     return rc;
 }
@@ -206,10 +199,10 @@ void ipcc_vmm_exporter_release(uint64_t handle)
     struct exported *e = take(handle);
     if (!e)
         return;
-    uint64_t deadline = ipcc_now_ns() + ipcc_config.release_wait_ms * 1000000ULL;
+    uint64_t deadline = ipcc_clock_ns() + ipcc_config.release_wait_ms * 1000000ULL;
     unsigned char tag[IPCC_HANDLE_BYTES];
     for (size_t i = 0; i < e->n; i++) {
-        uint64_t now = ipcc_now_ns();
+        uint64_t now = ipcc_clock_ns();
         tag_of(tag, &e->ex[i]);
         int late = ipcc_ledger_release(tag, deadline > now ? deadline - now : 0);
         if (late > 0)

@@ -34,7 +34,7 @@
 
 #include "vmm.h"
 #include "budget.h"
-#include "release_ledger.h"
+#include "ledger.h"
 
 /* Tags released by their exporter while the app still used an import of
  * them. */
@@ -50,17 +50,13 @@ uint64_t ipcc_vmm_ghost_bytes(void)
     return atomic_load_explicit(&ghost, memory_order_relaxed);
 }
 
-/* Fork child: the parent's imports are gone from the table already. */
-static void reset_in_child(void)
+/* Fork child (entry/wiring.c's list): the parent's imports are gone from
+ * the table already. */
+void ipcc_vmm_importer_fork_child(void)
 {
     next_guess.pid = 0;
     ipcc_keyset_reset(&doomed);
     atomic_store(&ghost, 0);
-}
-
-static void watch_forks(void)
-{
-    pthread_atfork(NULL, NULL, reset_in_child);
 }
 
 /* ---- at an import miss ------------------------------------------------------ */
@@ -104,12 +100,10 @@ static int find_export(int fd, unsigned char *tag, struct ipcc_proc *owner)
  * handle: tags it with its export when some exporter listed it. */
 void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t handle, int fd)
 {
-    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
     unsigned char tag[IPCC_HANDLE_BYTES];
     struct ipcc_proc owner;
     if (ipcc_config.disabled || !ipcc_config.vmm || !find_export(fd, tag, &owner))
         return;
-    pthread_once(&fork_once, watch_forks);
     ipcc_lock();
     int tagged = ipcc_vmm_import_tag(t, handle, tag);
     ipcc_unlock();
@@ -141,7 +135,7 @@ static uint64_t release_idle_of(struct ipcc_vmm_table *t, const void *tag, size_
  * ledger_helper.c for every tag; legacy handles are not ours. */
 void ipcc_vmm_ghost_let_go(const void *tag)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     size_t live;
     if (!t || ipcc_vmm_tag_fd(tag) < 0)
         return;
@@ -163,7 +157,7 @@ static uint64_t let_go_of_tag(const unsigned char *tag, int *in_use, void *table
  * went idle is released for real. */
 void ipcc_vmm_ghost_after_release(void)
 {
-    struct ipcc_vmm_table *t = ipcc_vmm_table();
+    struct ipcc_vmm_table *t = ipcc_budget_vmm();
     if (ipcc_keyset_count(&doomed) == 0 || !t)
         return;
     atomic_store(&ghost, ipcc_keyset_sweep(&doomed, let_go_of_tag, t));

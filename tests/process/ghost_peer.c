@@ -13,6 +13,7 @@
  *   refs IDX         the driver's reference count of that mapping: "ok N"
  *   fork_free IDX    a fork child frees allocation IDX and exits: "ok STATUS"
  *   fork_hold HEX    a fork child opens and closes HEX, then sleeps: "ok PID"
+ *   fork_exit        a fork child exits at once (its exit handlers run): "ok STATUS"
  *   exec             exec()s this program again (the library loads anew): "ok 0"
  *   deny_threads     from now on no thread can be created (EAGAIN, as at a
  *                    pids limit): "ok 0"
@@ -139,6 +140,17 @@ static void cmd_fork_free(const char *arg)
     pid_t pid = fork();
     if (pid == 0)
         exit(cuMemFree(p) == CUDA_SUCCESS ? 0 : 1);
+    int status = -1;
+    waitpid(pid, &status, 0);
+    reply("ok %lld", status);
+}
+
+static void cmd_fork_exit(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0)
+        exit(0);
     int status = -1;
     waitpid(pid, &status, 0);
     reply("ok %lld", status);
@@ -372,6 +384,8 @@ static void dispatch(char *cmd, char *arg)
         reply("ok %lld", fakecuda_refcount(NULL, ptr_at(arg)));
     else if (strcmp(cmd, "fork_free") == 0)
         cmd_fork_free(arg);
+    else if (strcmp(cmd, "fork_exit") == 0)
+        cmd_fork_exit();
     else if (strcmp(cmd, "fork_hold") == 0)
         cmd_fork_hold(arg);
     else if (strcmp(cmd, "vmm_alloc") == 0)

@@ -23,7 +23,8 @@ static void find_build_dir(void)
         cr_fatal("build folder %s: %s", b ? b : "build", strerror(errno));
 }
 
-static void make_tmpdir(void)
+/* A suite's .init: the build found, a fresh folder for the test. */
+void tu_process_init(void)
 {
     find_build_dir();
     const char *base = getenv("TMPDIR");
@@ -46,17 +47,15 @@ static void remove_dir(const char *path)
     rmdir(path);
 }
 
-/* The test's files, and the per-user folder the library made there (the
+/* A suite's .fini: the test's files, and the per-user folder the library made there (the
  * probe's XDG_RUNTIME_DIR is tmpdir): no other subfolders are made. */
-static void remove_tmpdir(void)
+void tu_process_fini(void)
 {
     char userdir[sizeof(tmpdir) + 16];
     snprintf(userdir, sizeof(userdir), "%s/ipccache", tmpdir);
     remove_dir(userdir);
     remove_dir(tmpdir);
 }
-
-TestSuite(process, .init = make_tmpdir, .fini = remove_tmpdir);
 
 /* <tmpdir>/name, in a buffer of the caller's. */
 char *tmp_path(char *buf, size_t cap, const char *name)

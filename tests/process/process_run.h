@@ -1,7 +1,8 @@
 /*
  * process_run.h - what the process tests share (process_run.c): a fresh
  * process run in a controlled environment, and what it printed read back.
- * The suites test_process_*.c are one Criterion binary, build/tests/test_process.
+ * The suites test_process_*.c are one Criterion binary, build/tests/test_process;
+ * test_process_X.c's suite is process_X, set up and cleaned by the two below.
  */
 #ifndef IPCC_PROCESS_RUN_H
 #define IPCC_PROCESS_RUN_H
@@ -28,6 +29,12 @@
 #define RUN_LIMIT_S 15      /* below the tests' own 20 s timeout */
 #define MAX_ENV 32
 #define TIMED_OUT (-1)
+
+/* Each process suite's .init and .fini: the build folder found and a fresh
+ * tmpdir for each test; that folder and the library's per-user folder in it
+ * removed. */
+void tu_process_init(void);
+void tu_process_fini(void);
 
 struct proc {
     pid_t pid;

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
+#include <criterion/parameterized.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -35,7 +36,7 @@
 #include <unistd.h>
 
 #include "fake_cuda.h"
-#include "ledger.h"
+#include "ledger_impl.h"
 
 #define MIB (1ULL << 20)
 #define REPLY_LIMIT_MS 25000
@@ -345,46 +346,6 @@ static int threads_of(pid_t pid)
 
 /* ---- the outcomes --------------------------------------------------------- */
 
-Test(ghost, idle_importer_lets_go_before_the_free_returns, .timeout = 40)
-{
-    /* An importer's idle cached mapping is closed before the exporter's free returns, so the bytes come back. */
-    struct peer exp, imp;
-    start(&exp, "exporter", NULL);
-    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
-                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
-    struct exported e = export(&exp, 64 * MIB);
-    import(&imp, &e, 1);
-    cr_assert(eq(u64, phys(), 64 * MIB));
-    free_exported(&exp, &e);
-    cr_assert(eq(u64, phys(), 0), "the importer's idle mapping still pins the memory");
-    cr_assert_eq(finish(&imp), 0);
-    cr_assert_eq(finish(&exp), 0);
-    char stats[4096];
-    char *path = format("%s/importer.stats", tmpdir);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f);
-    cr_assert_not_null(fgets(stats, sizeof(stats), f));
-    fclose(f);
-    free(path);
-    cr_assert_not_null(strstr(stats, "\"releases_on_request\":1,"), "%s", stats);
-    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":0,"), "%s", stats);
-}
-
-Test(ghost, live_importer_keeps_the_memory_until_its_close, .timeout = 40)
-{
-    /* A mapping still in use keeps the memory, as without the cache, and its close really unmaps it. */
-    struct peer exp, imp;
-    start_pair(&exp, &imp, NULL);
-    struct exported e = export(&exp, 64 * MIB);
-    int idx = import(&imp, &e, 0);
-    free_exported(&exp, &e);
-    cr_assert(eq(u64, phys(), 64 * MIB));
-    cr_assert_eq(ok(&imp, ask(&imp, "close %d", idx)), CUDA_SUCCESS);
-    cr_assert(eq(u64, phys(), 0), "the close after the free left the mapping cached");
-    finish(&imp);
-    finish(&exp);
-}
-
 Test(ghost, two_importers_both_let_go, .timeout = 40)
 {
     /* Every importer holding the allocation idle closes it before the free returns. */
@@ -399,19 +360,6 @@ Test(ghost, two_importers_both_let_go, .timeout = 40)
     cr_assert(eq(u64, phys(), 0));
     finish(&a);
     finish(&b);
-    finish(&exp);
-}
-
-Test(ghost, dead_importer_is_not_waited_for, .timeout = 15)
-{
-    /* A killed importer is skipped: the free returns at once (waiting the 60 s bound would time the test out). */
-    struct peer exp, imp;
-    start_pair(&exp, &imp, ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
-    struct exported e = export(&exp, 16 * MIB);
-    import(&imp, &e, 1);
-    kill_peer(&imp);
-    free_exported(&exp, &e);
-    cr_assert(eq(u64, phys(), 0));
     finish(&exp);
 }
 
@@ -430,18 +378,6 @@ Test(ghost, exporter_exit_releases_at_the_next_miss, .timeout = 40)
     cr_assert(eq(u64, phys(), MIB), "the dead exporter's memory is still mapped");
     finish(&imp);
     finish(&other);
-}
-
-Test(ghost, exporter_exit_releases_from_the_helper, .timeout = 40)
-{
-    /* Without any further miss, the importer's helper thread notices the dead exporter on its own. */
-    struct peer exp, imp;
-    start_pair(&exp, &imp, NULL);
-    struct exported e = export(&exp, 64 * MIB);
-    import(&imp, &e, 1);
-    kill_peer(&exp);
-    cr_assert(eq(u64, phys_settles_at(0), 0));
-    finish(&imp);
 }
 
 Test(ghost, no_ledger_frees_as_before, .timeout = 40)
@@ -653,21 +589,6 @@ static void start_pair_unwaited(struct peer *exp, struct peer *imp)
 {
     start(exp, "exporter", ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
     start(imp, "importer", ENV("IPCCACHE_LOG=info"));
-}
-
-Test(ghost, exec_importer_is_not_waited_for, .timeout = 15)
-{
-    /* An importer that exec()s keeps its pid and start time but loses its helper thread: the exporter's frees do not wait for it. */
-    struct peer exp, imp;
-    start_pair_unwaited(&exp, &imp);
-    struct exported a = export(&exp, 16 * MIB), b = export(&exp, 16 * MIB);
-    import(&imp, &a, 1);
-    import(&imp, &b, 1);
-    cr_assert_eq(ok(&imp, ask(&imp, "exec")), 0);
-    free_exported(&exp, &a);
-    free_exported(&exp, &b);
-    finish(&imp);
-    finish(&exp);
 }
 
 Test(ghost, exec_importers_slot_is_taken_over, .timeout = 15)
@@ -987,19 +908,80 @@ static char *stats_of(const char *name, char *buf, size_t cap)
     return buf;
 }
 
-Test(ghost, vmm_idle_import_lets_go_before_the_release_returns, .timeout = 40)
+/* An exporter, and an importer that writes its stats line at exit to
+ * <tmpdir>/importer.stats (stats_of reads it). */
+static void start_counted_pair(struct peer *exp, struct peer *imp)
 {
-    /* An importer's idle cached import, reservation and mapping are released before the exporter's cuMemRelease returns. */
+    start(exp, "exporter", NULL);
+    start(imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
+                               format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+}
+
+/* ---- both kinds: the same outcome for a legacy handle and a VMM export ---- */
+
+/* A kind by index: Criterion copies a parameter into the test's own process,
+ * where an index means the same and a pointer, under ASLR, would not. */
+enum { LEGACY, VMM };
+
+static struct criterion_test_params both_kinds(void)
+{
+    static int kinds[] = { LEGACY, VMM };
+    return cr_make_param_array(int, kinds, 2);
+}
+/* The test "name" runs once for each kind. */
+#define BOTH_KINDS(name) \
+    ParameterizedTestParameters(ghost, name) { return both_kinds(); }
+
+/* An allocation of either kind, exported: alloc/open/close/free for legacy,
+ * vmm_alloc/vmm_open/vmm_close/vmm_release for VMM. */
+struct either {
+    int kind;
+    struct exported legacy;
+    struct vmm_exported vmm;
+};
+
+static struct either export_by(int kind, struct peer *p, uint64_t bytes)
+{
+    struct either e = { .kind = kind };
+    if (kind == VMM)
+        e.vmm = vmm_export(p, bytes);
+    else
+        e.legacy = export(p, bytes);
+    return e;
+}
+
+static int import_by(struct peer *p, const struct either *e, int close)
+{
+    return e->kind == VMM ? vmm_import(p, &e->vmm, close) : import(p, &e->legacy, close);
+}
+
+static void close_by(struct peer *p, const struct either *e, int idx)
+{
+    cr_assert_eq(ok(p, ask(p, e->kind == VMM ? "vmm_close %d" : "close %d", idx)), CUDA_SUCCESS);
+}
+
+static void free_by(struct peer *p, const struct either *e)
+{
+    if (e->kind == VMM)
+        vmm_release(p, &e->vmm);
+    else
+        free_exported(p, &e->legacy);
+}
+
+BOTH_KINDS(idle_import_lets_go_before_the_free_returns)
+
+ParameterizedTest(int *kind, ghost, idle_import_lets_go_before_the_free_returns, .timeout = 40)
+{
+    /* An importer's idle cached mapping (VMM: import, reservation and mapping) is closed before the exporter's free (cuMemRelease) returns, so the bytes come back. */
     struct peer exp, imp;
-    start(&exp, "exporter", NULL);
-    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
-                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
-    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
-    vmm_import(&imp, &e, 1);
+    start_counted_pair(&exp, &imp);
+    struct either e = export_by(*kind, &exp, 64 * MIB);
+    import_by(&imp, &e, 1);
     cr_assert(eq(u64, phys(), 64 * MIB));
-    cr_assert_eq(threads_of(imp.pid), 2, "no helper thread answers for the importer");
-    vmm_release(&exp, &e);
-    cr_assert(eq(u64, phys(), 0), "the importer's idle import still pins the memory");
+    if (*kind == VMM)
+        cr_assert_eq(threads_of(imp.pid), 2, "no helper thread answers for the importer");
+    free_by(&exp, &e);
+    cr_assert(eq(u64, phys(), 0), "the importer's idle mapping still pins the memory");
     cr_assert_eq(finish(&imp), 0);
     cr_assert_eq(finish(&exp), 0);
     char stats[4096];
@@ -1008,13 +990,74 @@ Test(ghost, vmm_idle_import_lets_go_before_the_release_returns, .timeout = 40)
     cr_assert_not_null(strstr(stats, "\"ghost_bytes\":0,"), "%s", stats);
 }
 
+BOTH_KINDS(live_import_keeps_the_memory_until_its_close)
+
+ParameterizedTest(int *kind, ghost, live_import_keeps_the_memory_until_its_close, .timeout = 40)
+{
+    /* A mapping still in use keeps the memory, as without the cache, and its own close (VMM: release) really gives it back. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct either e = export_by(*kind, &exp, 64 * MIB);
+    int idx = import_by(&imp, &e, 0);
+    free_by(&exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+    close_by(&imp, &e, idx);
+    cr_assert(eq(u64, phys(), 0), "the close after the free left the mapping cached");
+    finish(&imp);
+    finish(&exp);
+}
+
+BOTH_KINDS(dead_importer_is_not_waited_for)
+
+ParameterizedTest(int *kind, ghost, dead_importer_is_not_waited_for, .timeout = 15)
+{
+    /* A killed importer is skipped: the free returns at once (waiting the 60 s bound would time the test out). */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
+    struct either e = export_by(*kind, &exp, 16 * MIB);
+    import_by(&imp, &e, 1);
+    kill_peer(&imp);
+    free_by(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&exp);
+}
+
+BOTH_KINDS(exec_importer_is_not_waited_for)
+
+ParameterizedTest(int *kind, ghost, exec_importer_is_not_waited_for, .timeout = 15)
+{
+    /* An importer that exec()s keeps its pid and start time but loses its helper thread (its slot kept): the exporter's frees do not wait for it, one after another. */
+    struct peer exp, imp;
+    start_pair_unwaited(&exp, &imp);
+    struct either a = export_by(*kind, &exp, 16 * MIB), b = export_by(*kind, &exp, 16 * MIB);
+    import_by(&imp, &a, 1);
+    import_by(&imp, &b, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "exec")), 0);
+    free_by(&exp, &a);
+    free_by(&exp, &b);
+    finish(&imp);
+    finish(&exp);
+}
+
+BOTH_KINDS(exporter_exit_releases_from_the_helper)
+
+ParameterizedTest(int *kind, ghost, exporter_exit_releases_from_the_helper, .timeout = 40)
+{
+    /* Without any further miss, the importer's helper thread notices the dead exporter on its own and lets go of its idle mappings of it. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct either e = export_by(*kind, &exp, 64 * MIB);
+    import_by(&imp, &e, 1);
+    kill_peer(&exp);
+    cr_assert(eq(u64, phys_settles_at(0), 0));
+    finish(&imp);
+}
+
 Test(ghost, vmm_idle_import_is_still_a_hit_before_the_release, .timeout = 40)
 {
     /* Until the exporter releases, the importer's second rebuild of the export is served from the cache. */
     struct peer exp, imp;
-    start(&exp, "exporter", NULL);
-    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
-                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    start_counted_pair(&exp, &imp);
     struct vmm_exported e = vmm_export(&exp, 8 * MIB);
     vmm_import(&imp, &e, 1);
     vmm_import(&imp, &e, 1);
@@ -1025,21 +1068,6 @@ Test(ghost, vmm_idle_import_is_still_a_hit_before_the_release, .timeout = 40)
     char stats[4096];
     stats_of("importer", stats, sizeof(stats));
     cr_assert_not_null(strstr(stats, "\"vmm_import_hits\":1,"), "%s", stats);
-}
-
-Test(ghost, vmm_live_import_keeps_the_memory_until_its_release, .timeout = 40)
-{
-    /* An import the consumer still maps keeps the memory, as without the cache; its own release then really gives it back. */
-    struct peer exp, imp;
-    start_pair(&exp, &imp, NULL);
-    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
-    int idx = vmm_import(&imp, &e, 0);
-    vmm_release(&exp, &e);
-    cr_assert(eq(u64, phys(), 64 * MIB));
-    cr_assert_eq(ok(&imp, ask(&imp, "vmm_close %d", idx)), CUDA_SUCCESS);
-    cr_assert(eq(u64, phys(), 0), "the release after the exporter's kept the import cached");
-    finish(&imp);
-    finish(&exp);
 }
 
 Test(ghost, vmm_release_during_the_importers_teardown_leaves_its_free_working, .timeout = 40)
@@ -1066,9 +1094,7 @@ Test(ghost, vmm_live_import_is_counted_in_ghost_bytes, .timeout = 40)
 {
     /* An import still mapped when its exporter releases is in the stats line's ghost_bytes. */
     struct peer exp, imp;
-    start(&exp, "exporter", NULL);
-    start(&imp, "importer", ENV("IPCCACHE_STATS_AT_EXIT=1",
-                                format("IPCCACHE_STATS_FILE=%s/importer.stats", tmpdir)));
+    start_counted_pair(&exp, &imp);
     struct vmm_exported e = vmm_export(&exp, 64 * MIB);
     vmm_import(&imp, &e, 0);
     vmm_release(&exp, &e);
@@ -1078,6 +1104,25 @@ Test(ghost, vmm_live_import_is_counted_in_ghost_bytes, .timeout = 40)
     char stats[4096];
     stats_of("importer", stats, sizeof(stats));
     cr_assert_not_null(strstr(stats, "\"ghost_bytes\":67108864,"), "%s", stats);
+}
+
+Test(ghost, vmm_fork_child_of_importer_counts_no_ghost_bytes, .timeout = 40)
+{
+    /* The parent's import still mapped after its exporter released is the parent's ghost: a fork child's stats line counts none. */
+    struct peer exp, imp;
+    start_counted_pair(&exp, &imp);
+    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
+    vmm_import(&imp, &e, 0);
+    vmm_release(&exp, &e);
+    cr_assert_eq(ok(&imp, ask(&imp, "fork_exit")), 0);
+    char stats[4096];
+    stats_of("importer", stats, sizeof(stats));
+    char *parent = format("\"pid\":%d,", (int)imp.pid);
+    cr_assert_null(strstr(stats, parent), "not the child's line: %s", stats);
+    free(parent);
+    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":0,"), "the child's line: %s", stats);
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
 }
 
 Test(ghost, vmm_exporter_without_the_library_keeps_as_before, .timeout = 40)
@@ -1109,46 +1154,6 @@ Test(ghost, vmm_refused_kcmp_across_processes_keeps_as_before, .timeout = 40)
     finish(&imp);
     cr_assert(eq(u64, phys(), 0));
     finish(&exp);
-}
-
-Test(ghost, vmm_dead_importer_is_not_waited_for, .timeout = 15)
-{
-    /* A killed importer is skipped: the release returns at once (waiting the 60 s bound would time the test out). */
-    struct peer exp, imp;
-    start_pair(&exp, &imp, ENV("IPCCACHE_RELEASE_WAIT_MS=60000"));
-    struct vmm_exported e = vmm_export(&exp, 16 * MIB);
-    vmm_import(&imp, &e, 1);
-    kill_peer(&imp);
-    vmm_release(&exp, &e);
-    cr_assert(eq(u64, phys(), 0));
-    finish(&exp);
-}
-
-Test(ghost, vmm_exec_importer_is_not_waited_for, .timeout = 15)
-{
-    /* On the VMM path too, an importer that exec()ed (its helper gone, its slot kept) is not waited for, chunk after chunk. */
-    struct peer exp, imp;
-    start_pair_unwaited(&exp, &imp);
-    struct vmm_exported a = vmm_export(&exp, 16 * MIB), b = vmm_export(&exp, 16 * MIB);
-    vmm_import(&imp, &a, 1);
-    vmm_import(&imp, &b, 1);
-    cr_assert_eq(ok(&imp, ask(&imp, "exec")), 0);
-    vmm_release(&exp, &a);
-    vmm_release(&exp, &b);
-    finish(&imp);
-    finish(&exp);
-}
-
-Test(ghost, vmm_exporter_exit_releases_from_the_helper, .timeout = 40)
-{
-    /* When the exporter dies, the importer's helper thread releases its idle imports of it on its own. */
-    struct peer exp, imp;
-    start_pair(&exp, &imp, NULL);
-    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
-    vmm_import(&imp, &e, 1);
-    kill_peer(&exp);
-    cr_assert(eq(u64, phys_settles_at(0), 0));
-    finish(&imp);
 }
 
 Test(ghost, vmm_each_export_is_told_apart, .timeout = 60)

@@ -6,7 +6,9 @@
 
 /* ---- the cache ----------------------------------------------------------- */
 
-Test(process, repeated_open_maps_once_and_unmaps_at_exit, .timeout = 20)
+TestSuite(process_cache, .init = tu_process_init, .fini = tu_process_fini);
+
+Test(process_cache, repeated_open_maps_once_and_unmaps_at_exit, .timeout = 20)
 {
     /* 100 open/close pairs of one handle cost one real map, undone by the exit handler. */
     char counters[PATH_MAX], env[PATH_MAX + 32], line[512];
@@ -26,7 +28,7 @@ Test(process, repeated_open_maps_once_and_unmaps_at_exit, .timeout = 20)
     cr_assert_not_null(strstr(line, " live=0"), "at exit: %s", line);
 }
 
-Test(process, disabled_says_so_once_when_asked, .timeout = 20)
+Test(process_cache, disabled_says_so_once_when_asked, .timeout = 20)
 {
     /* IPCCACHE_DISABLE with IPCCACHE_LOG=info or debug: one line confirms it, whether the
      * program reaches the driver through the resolver (cudart) or opens by linked symbols. */
@@ -40,7 +42,7 @@ Test(process, disabled_says_so_once_when_asked, .timeout = 20)
     }
 }
 
-Test(process, disabled_passes_every_call_through, .timeout = 20)
+Test(process_cache, disabled_passes_every_call_through, .timeout = 20)
 {
     /* IPCCACHE_DISABLE=1: every open is a real map, and no handler is installed. */
     struct proc p;
@@ -52,7 +54,7 @@ Test(process, disabled_passes_every_call_through, .timeout = 20)
     expect_kv_str(&p, "sigusr1", "default");
 }
 
-Test(process, idle_caps_below_one_mapping_close_at_once, .timeout = 20)
+Test(process_cache, idle_caps_below_one_mapping_close_at_once, .timeout = 20)
 {
     /* A cap that one idle 1 MiB mapping exceeds keeps nothing idle: each close is a real unmap. */
     static const char *const caps[] = { "IPCCACHE_MAX_IDLE_ENTRIES=0", "IPCCACHE_MAX_IDLE_BYTES=1K" };
@@ -66,7 +68,7 @@ Test(process, idle_caps_below_one_mapping_close_at_once, .timeout = 20)
     }
 }
 
-Test(process, threads_share_one_mapping_per_handle, .timeout = 20)
+Test(process_cache, threads_share_one_mapping_per_handle, .timeout = 20)
 {
     /* Eight threads opening four handles 2000 times each: four real maps, one pointer each. */
     struct proc p;
@@ -101,13 +103,13 @@ static void expect_errors_as_driver_alone(const char *driver)
     }
 }
 
-Test(process, errors_match_the_driver_alone, .timeout = 20)
+Test(process_cache, errors_match_the_driver_alone, .timeout = 20)
 {
     /* Every error case returns the code the driver returns without the preload. */
     expect_errors_as_driver_alone("FAKECUDA_DRIVER_VERSION=13000");
 }
 
-Test(process, no_context_ids_pass_every_call_through, .timeout = 20)
+Test(process_cache, no_context_ids_pass_every_call_through, .timeout = 20)
 {
     /* A driver without cuCtxGetId (before 12.0): every open and close reaches it, and ipccache says so once, at info level. */
     struct proc p;
@@ -124,7 +126,7 @@ Test(process, no_context_ids_pass_every_call_through, .timeout = 20)
     cr_assert_null(strstr(at + strlen(said), said), "said twice:\n%s", p.err);
 }
 
-Test(process, no_context_ids_without_info_say_nothing, .timeout = 20)
+Test(process_cache, no_context_ids_without_info_say_nothing, .timeout = 20)
 {
     /* The same at the default log level: quiet. */
     struct proc p;
@@ -164,7 +166,7 @@ static int expect_same_lines(const struct proc *with, const struct proc *without
     return compared;
 }
 
-Test(process, mixed_paths_match_the_driver_alone, .timeout = 20)
+Test(process_cache, mixed_paths_match_the_driver_alone, .timeout = 20)
 {
     /* Opens through the cache and past it, two exports of one allocation: every code, every pointer and what is mapped at exit as without the preload. */
     static struct proc with, without;
@@ -178,7 +180,7 @@ Test(process, mixed_paths_match_the_driver_alone, .timeout = 20)
     cr_assert_not_null(strstr(lw, " live=1"), "with: %s (without: %s)", lw, lwo);
 }
 
-Test(process, unseen_teardown_maps_in_the_new_context, .timeout = 20)
+Test(process_cache, unseen_teardown_maps_in_the_new_context, .timeout = 20)
 {
     /* A context torn down past the library (destroyed, a primary reset, or destroyed by another
      * thread), a new one at its address: the next open of a handle it had cached is a real map
@@ -199,7 +201,7 @@ Test(process, unseen_teardown_maps_in_the_new_context, .timeout = 20)
     }
 }
 
-Test(process, eviction_after_an_unseen_teardown_pushes_no_dead_context, .timeout = 20)
+Test(process_cache, eviction_after_an_unseen_teardown_pushes_no_dead_context, .timeout = 20)
 {
     /* An idle mapping whose context was destroyed past the library is evicted from another
      * context: the driver answers a push of the dead pointer with success, then aborts the
@@ -213,7 +215,7 @@ Test(process, eviction_after_an_unseen_teardown_pushes_no_dead_context, .timeout
     expect_kv(&with, "other_address", 1);
 }
 
-Test(process, fork_child_starts_with_an_empty_table, .timeout = 20)
+Test(process_cache, fork_child_starts_with_an_empty_table, .timeout = 20)
 {
     /* A child forked while another thread uses the cache maps for itself and exits cleanly. */
     struct proc p;
@@ -226,7 +228,7 @@ Test(process, fork_child_starts_with_an_empty_table, .timeout = 20)
     expect_kv(&p, "spin_errors", 0);
 }
 
-Test(process, fork_while_threads_hit_their_loans_gives_live_children, .timeout = 60)
+Test(process_cache, fork_while_threads_hit_their_loans_gives_live_children, .timeout = 60)
 {
     /* 20 forks while 4 threads hit their loans, unparked, some copied mid-call: every child opens, closes and exits (none waits for a thread it does not have). */
     struct proc p;
@@ -236,7 +238,7 @@ Test(process, fork_while_threads_hit_their_loans_gives_live_children, .timeout =
     expect_kv(&p, "hit_errors", 0);
 }
 
-Test(process, fork_begun_before_start_gets_a_usable_lock, .timeout = 30)
+Test(process_cache, fork_begun_before_start_gets_a_usable_lock, .timeout = 30)
 {
     /* A fork begun before the first IPC call, copying the process while a later fork prepares: its child's IPC calls still work. */
     struct proc p;
@@ -276,7 +278,7 @@ static void run_window_raising(struct proc *p, const char *window, const char *w
     free(raise);
 }
 
-Test(process, fork_while_registering_exit_handlers_gives_a_live_child, .timeout = 30)
+Test(process_cache, fork_while_registering_exit_handlers_gives_a_live_child, .timeout = 30)
 {
     /* A fork while another thread's first IPC call registers ipccache's exit handlers (glibc's lock of them held, widened): the child opens, closes and exits. */
     struct proc p;
@@ -286,7 +288,7 @@ Test(process, fork_while_registering_exit_handlers_gives_a_live_child, .timeout 
     expect_kv(&p, "child_exit", 0);
 }
 
-Test(process, fork_while_checking_the_load_order_gives_a_live_child, .timeout = 30)
+Test(process_cache, fork_while_checking_the_load_order_gives_a_live_child, .timeout = 30)
 {
     /* A fork while another thread's lookup of a hooked name walks the loaded objects (the loader's list lock held, widened): the child looks up, opens and exits. */
     struct proc p;
@@ -296,7 +298,7 @@ Test(process, fork_while_checking_the_load_order_gives_a_live_child, .timeout = 
     expect_kv(&p, "child_exit", 0);
 }
 
-Test(process, exit_from_a_signal_while_registering_exit_handlers_exits, .timeout = 30)
+Test(process_cache, exit_from_a_signal_while_registering_exit_handlers_exits, .timeout = 30)
 {
     /* A signal whose handler calls exit(), arriving while ipccache registers its exit handlers (glibc's lock of them held): it waits until the lock is let go, and the process exits with the handler's status. */
     struct proc p;
@@ -305,7 +307,7 @@ Test(process, exit_from_a_signal_while_registering_exit_handlers_exits, .timeout
     cr_expect(eq(str, p.err, ""));
 }
 
-Test(process, fork_from_a_signal_while_checking_the_load_order_forks, .timeout = 30)
+Test(process_cache, fork_from_a_signal_while_checking_the_load_order_forks, .timeout = 30)
 {
     /* A signal whose handler forks, arriving while a lookup walks the loaded objects (inside ipccache's fork guard): the fork waits until the walk is done, and its child exits. */
     struct proc p;
@@ -330,7 +332,7 @@ static void run_alloc_fork(struct proc *p, const char *what, long under_lock)
     expect_kv(p, "allocs_under_lock", under_lock);
 }
 
-Test(process, fork_while_a_miss_allocates_under_the_lock_with_a_later_allocator_handler, .timeout = 30)
+Test(process_cache, fork_while_a_miss_allocates_under_the_lock_with_a_later_allocator_handler, .timeout = 30)
 {
     /* A fork while another thread's miss allocates holding ipccache's table lock, the allocator's own lock taken by a fork handler registered after ipccache's (POSIX runs it first): the tables' memory is ipccache's own, so the miss needs no allocator lock, the fork completes, its child opens and exits, and no allocator call was made under a lock of ipccache's. */
     if (getenv("IPCC_TEST_PRELOAD_PREFIX"))
@@ -339,7 +341,7 @@ Test(process, fork_while_a_miss_allocates_under_the_lock_with_a_later_allocator_
     run_alloc_fork(&p, "alloc_fork", 0);
 }
 
-Test(process, fork_while_registering_exit_handlers_allocates_with_an_earlier_allocator_handler, .timeout = 30)
+Test(process_cache, fork_while_registering_exit_handlers_allocates_with_an_earlier_allocator_handler, .timeout = 30)
 {
     /* A fork while the first open registers ipccache's exit handler and glibc allocates a new block of them (inside the fork guard), with an allocator whose fork handler registered before ipccache started: the fork handler ipccache registers at start runs first and waits for the guard while the allocator's lock is still free, so the registration completes and the fork does. */
     if (getenv("IPCC_TEST_PRELOAD_PREFIX"))
@@ -348,7 +350,7 @@ Test(process, fork_while_registering_exit_handlers_allocates_with_an_earlier_all
     run_alloc_fork(&p, "alloc_fork_atexit", 1);
 }
 
-Test(process, stats_signal_while_installing_reaches_the_programs_handler, .timeout = 20)
+Test(process_cache, stats_signal_while_installing_reaches_the_programs_handler, .timeout = 20)
 {
     /* The stats signal arriving after ipccache's handler is live but before sigaction handed back the program's: the program's handler still runs. */
     struct proc p;
@@ -358,7 +360,7 @@ Test(process, stats_signal_while_installing_reaches_the_programs_handler, .timeo
     expect_kv(&p, "app_signals", 1);
 }
 
-Test(process, driver_gone_after_exit_handler_is_quiet, .timeout = 20)
+Test(process_cache, driver_gone_after_exit_handler_is_quiet, .timeout = 20)
 {
     /* The driver torn down at exit after ipccache's handler: exit 0, nothing said. */
     struct proc p;
@@ -366,7 +368,7 @@ Test(process, driver_gone_after_exit_handler_is_quiet, .timeout = 20)
     expect_quiet_success(&p);
 }
 
-Test(process, driver_gone_before_exit_handler_is_quiet, .timeout = 20)
+Test(process_cache, driver_gone_before_exit_handler_is_quiet, .timeout = 20)
 {
     /* The driver already down when ipccache's exit handler closes: exit 0, nothing said. */
     struct proc p;
@@ -374,7 +376,7 @@ Test(process, driver_gone_before_exit_handler_is_quiet, .timeout = 20)
     expect_quiet_success(&p);
 }
 
-Test(process, exit_from_a_signal_handler_ends_the_process, .timeout = 60)
+Test(process_cache, exit_from_a_signal_handler_ends_the_process, .timeout = 60)
 {
     /* exit() from a handler that interrupted an open or close, often inside the table lock, ends the process every time. */
     for (int i = 0; i < 20; i++) {
@@ -387,7 +389,7 @@ Test(process, exit_from_a_signal_handler_ends_the_process, .timeout = 60)
     }
 }
 
-Test(process, driver_dlclosed_before_exit_stays_callable, .timeout = 20)
+Test(process_cache, driver_dlclosed_before_exit_stays_callable, .timeout = 20)
 {
     /* A program that dlcloses the driver it loaded privately exits cleanly, and the idle mapping is still closed at exit. */
     char counters[PATH_MAX], env[PATH_MAX + 32], line[512];

@@ -16,7 +16,9 @@ static void expect_line_on_stderr(const struct proc *p)
     cr_assert(eq(ullong, json_u64(line, "opens"), 3));
 }
 
-Test(process, request_file_traps_are_refused, .timeout = 60)
+TestSuite(process_files, .init = tu_process_init, .fini = tu_process_fini);
+
+Test(process_files, request_file_traps_are_refused, .timeout = 60)
 {
     /* A FIFO, a symlink or another user's file in place of the request file: nothing blocks, nothing is written. */
     char env[PATH_MAX + 32];
@@ -37,7 +39,7 @@ static long long file_size(const char *path)
     return read_file(path, buf, sizeof(buf));
 }
 
-Test(process, stats_file_traps_are_refused, .timeout = 60)
+Test(process_files, stats_file_traps_are_refused, .timeout = 60)
 {
     /* IPCCACHE_STATS_FILE as a symlink, another user's file or a FIFO with a reader: nothing is written. */
     char env[PATH_MAX + 32], trap[PATH_MAX], victim[PATH_MAX];
@@ -66,7 +68,7 @@ Test(process, stats_file_traps_are_refused, .timeout = 60)
     close(fd);
 }
 
-Test(process, fifo_without_reader_does_not_block, .timeout = 20)
+Test(process_files, fifo_without_reader_does_not_block, .timeout = 20)
 {
     /* IPCCACHE_STATS_FILE a FIFO nobody reads: the signal and exit do not block. */
     char env[PATH_MAX + 32], fifo[PATH_MAX];
@@ -76,7 +78,7 @@ Test(process, fifo_without_reader_does_not_block, .timeout = 20)
     expect_line_on_stderr(&p);
 }
 
-Test(process, stats_dir_writable_by_others_is_refused, .timeout = 20)
+Test(process_files, stats_dir_writable_by_others_is_refused, .timeout = 20)
 {
     /* IPCCACHE_STATS_DIR mode 0777: one warning, and the request file in it gets nothing. */
     char dir[PATH_MAX], env[PATH_MAX + 32], path[PATH_MAX + 64];
@@ -93,7 +95,7 @@ Test(process, stats_dir_writable_by_others_is_refused, .timeout = 20)
     rmdir(dir);
 }
 
-Test(process, userdir_of_another_owner_or_open_to_all_is_refused, .timeout = 20)
+Test(process_files, userdir_of_another_owner_or_open_to_all_is_refused, .timeout = 20)
 {
     /* A per-user folder planted by another user, or open to all (0777): one warning, no marker, line on stderr. */
     char dir[PATH_MAX], marker[PATH_MAX + 64];

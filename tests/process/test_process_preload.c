@@ -6,7 +6,9 @@
 
 /* ---- the preload itself -------------------------------------------------- */
 
-Test(process, unrelated_program_is_untouched, .timeout = 20)
+TestSuite(process_preload, .init = tu_process_init, .fini = tu_process_fini);
+
+Test(process_preload, unrelated_program_is_untouched, .timeout = 20)
 {
     /* A program that never touches CUDA runs exactly as without the preload. */
     struct proc p;
@@ -16,7 +18,7 @@ Test(process, unrelated_program_is_untouched, .timeout = 20)
     cr_assert(eq(str, p.err, ""));
 }
 
-Test(process, sanitizer_runtime_starts_under_the_preload, .timeout = 20)
+Test(process_preload, sanitizer_runtime_starts_under_the_preload, .timeout = 20)
 {
     /* A ThreadSanitizer program, whose runtime calls dlsym before it can serve pthread calls, runs normally. */
     char path[PATH_MAX + 64];
@@ -29,7 +31,7 @@ Test(process, sanitizer_runtime_starts_under_the_preload, .timeout = 20)
     cr_assert(eq(str, p.out, "hello\n"));
 }
 
-Test(process, ctypes_lookup_gets_the_hook, .timeout = 20)
+Test(process_preload, ctypes_lookup_gets_the_hook, .timeout = 20)
 {
     /* Python's ctypes (Numba's way to the driver) dlsyms the IPC open and gets ipccache's wrapper. */
     static const char script[] =
@@ -49,7 +51,7 @@ Test(process, ctypes_lookup_gets_the_hook, .timeout = 20)
     cr_assert(eq(str, p.out, "libipccache.so\n"));
 }
 
-Test(process, cuda_without_ipc_leaves_no_trace, .timeout = 20)
+Test(process_preload, cuda_without_ipc_leaves_no_trace, .timeout = 20)
 {
     /* A CUDA program that never opens an IPC handle gets no message and no signal handler. */
     struct proc p;
@@ -62,7 +64,7 @@ Test(process, cuda_without_ipc_leaves_no_trace, .timeout = 20)
                   "%s was created", userdir);
 }
 
-Test(process, cudart_lookups_get_the_hooks, .timeout = 20)
+Test(process_preload, cudart_lookups_get_the_hooks, .timeout = 20)
 {
     /* dlsym and cuGetProcAddress hand out ipccache's wrappers for the hooked names only. */
     struct proc p;
@@ -78,7 +80,7 @@ Test(process, cudart_lookups_get_the_hooks, .timeout = 20)
     expect_kv(&p, "dlsym_init_is_hooked", 0);
 }
 
-Test(process, disabled_lookups_get_the_driver, .timeout = 20)
+Test(process_preload, disabled_lookups_get_the_driver, .timeout = 20)
 {
     /* With IPCCACHE_DISABLE=1 every lookup answers the driver's own function. */
     struct proc p;
@@ -137,13 +139,13 @@ static void expect_interposed(int ipccache_first, long long calls)
     }
 }
 
-Test(process, interposer_after_ipccache_gets_the_driver, .timeout = 20)
+Test(process_preload, interposer_after_ipccache_gets_the_driver, .timeout = 20)
 {
     /* Preloaded after ipccache, another interposer's lookups of its next function find the driver: no loop, and it sees only the cache's one miss. */
     expect_interposed(1, 1);
 }
 
-Test(process, interposer_before_ipccache_gets_the_cache, .timeout = 20)
+Test(process_preload, interposer_before_ipccache_gets_the_cache, .timeout = 20)
 {
     /* Preloaded before ipccache, another interposer sees every call and its next function is ipccache's: ten opens, one real map. */
     expect_interposed(0, 10);

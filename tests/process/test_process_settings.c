@@ -25,7 +25,9 @@ static void expected_message(char *buf, size_t cap, const char *prefix, const ch
     snprintf(buf, cap, "%s%.*s=\"%s\"", prefix, klen, setting, setting + klen + 1);
 }
 
-Test(process, bad_value_warns_once_and_keeps_the_default, .timeout = 20)
+TestSuite(process_settings, .init = tu_process_init, .fini = tu_process_fini);
+
+Test(process_settings, bad_value_warns_once_and_keeps_the_default, .timeout = 20)
 {
     /* Each setting with a bad value: one warning naming it, then the default behaviour. */
     for (size_t i = 0; i < N_BAD_SETTINGS; i++) {
@@ -48,7 +50,7 @@ Test(process, bad_value_warns_once_and_keeps_the_default, .timeout = 20)
     }
 }
 
-Test(process, misspelled_setting_warns_once_naming_the_setting, .timeout = 20)
+Test(process_settings, misspelled_setting_warns_once_naming_the_setting, .timeout = 20)
 {
     /* An IPCCACHE_* name the library does not know is one warning that names the closest
      * setting; the tools' own variable (IPCCACHE_LIB) is not one. */
@@ -61,7 +63,7 @@ Test(process, misspelled_setting_warns_once_naming_the_setting, .timeout = 20)
     expect_kv(&p, "maps", 1);
 }
 
-Test(process, misspelled_setting_under_strict_stops, .timeout = 20)
+Test(process_settings, misspelled_setting_under_strict_stops, .timeout = 20)
 {
     /* IPCCACHE_STRICT: a setting the operator did not mean stops the process, as a bad value does. */
     struct proc p;
@@ -71,7 +73,7 @@ Test(process, misspelled_setting_under_strict_stops, .timeout = 20)
                                      " (did you mean IPCCACHE_DISABLE?)"), "%s", p.err);
 }
 
-Test(process, name_extending_a_setting_is_not_one, .timeout = 20)
+Test(process_settings, name_extending_a_setting_is_not_one, .timeout = 20)
 {
     /* A name that merely starts with a setting's is a misspelling like any other: reported, and
      * under IPCCACHE_STRICT a stop. */
@@ -103,7 +105,7 @@ static void expect_unknown_name_warning(const char *name, const char *says)
     free(want);
 }
 
-Test(process, misspelling_hint_only_for_a_close_setting, .timeout = 20)
+Test(process_settings, misspelling_hint_only_for_a_close_setting, .timeout = 20)
 {
     /* A hint names a setting only when the name keeps most of it (fewer than four edits, and
      * fewer than half its letters after IPCCACHE_): no hint that rewrites a whole word; of two
@@ -115,7 +117,7 @@ Test(process, misspelling_hint_only_for_a_close_setting, .timeout = 20)
     expect_unknown_name_warning("IPCCACHE_STATS_FI", " (did you mean IPCCACHE_STATS_FILE?)");
 }
 
-Test(process, log_error_silences_the_warnings, .timeout = 20)
+Test(process_settings, log_error_silences_the_warnings, .timeout = 20)
 {
     /* IPCCACHE_LOG=error is read first, so a bad value in another setting is not reported. */
     struct proc p;
@@ -124,7 +126,7 @@ Test(process, log_error_silences_the_warnings, .timeout = 20)
     expect_kv(&p, "maps", 1);
 }
 
-Test(process, strict_with_good_values_runs_normally, .timeout = 20)
+Test(process_settings, strict_with_good_values_runs_normally, .timeout = 20)
 {
     /* IPCCACHE_STRICT=1 with only valid settings changes nothing. */
     struct proc p;
@@ -135,7 +137,7 @@ Test(process, strict_with_good_values_runs_normally, .timeout = 20)
     expect_kv_str(&p, "sigusr2", "handler");
 }
 
-Test(process, strict_turns_a_bad_value_into_exit_78, .timeout = 20)
+Test(process_settings, strict_turns_a_bad_value_into_exit_78, .timeout = 20)
 {
     /* IPCCACHE_STRICT=1: a bad value is an error line and exit status 78 (EX_CONFIG). */
     for (size_t i = 0; i < N_BAD_SETTINGS; i++) {
@@ -150,7 +152,7 @@ Test(process, strict_turns_a_bad_value_into_exit_78, .timeout = 20)
     }
 }
 
-Test(process, log_info_prints_one_startup_line, .timeout = 20)
+Test(process_settings, log_info_prints_one_startup_line, .timeout = 20)
 {
     /* IPCCACHE_LOG=info: exactly one line, the start-up banner. */
     struct proc p;

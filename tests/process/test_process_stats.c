@@ -7,7 +7,9 @@
 
 /* ---- statistics ---------------------------------------------------------- */
 
-Test(process, stats_at_exit_go_to_the_pid_file, .timeout = 20)
+TestSuite(process_stats, .init = tu_process_init, .fini = tu_process_fini);
+
+Test(process_stats, stats_at_exit_go_to_the_pid_file, .timeout = 20)
 {
     /* IPCCACHE_STATS_AT_EXIT=1 with a %p file: one JSON line in this process's file. */
     char pattern[PATH_MAX], env[PATH_MAX + 32], path[PATH_MAX + 32];
@@ -19,7 +21,7 @@ Test(process, stats_at_exit_go_to_the_pid_file, .timeout = 20)
     expect_stats_file(path, 10);
 }
 
-Test(process, stats_signal_writes_the_stats_file, .timeout = 20)
+Test(process_stats, stats_signal_writes_the_stats_file, .timeout = 20)
 {
     /* SIGUSR1 makes the process append its stats line to IPCCACHE_STATS_FILE. */
     char pattern[PATH_MAX], env[PATH_MAX + 32], path[PATH_MAX + 32];
@@ -32,7 +34,7 @@ Test(process, stats_signal_writes_the_stats_file, .timeout = 20)
     expect_stats_file(path, 3);
 }
 
-Test(process, stats_signal_can_be_usr2, .timeout = 20)
+Test(process_stats, stats_signal_can_be_usr2, .timeout = 20)
 {
     /* IPCCACHE_STATS_SIGNAL=USR2 handles SIGUSR2 and leaves SIGUSR1 alone. */
     char env[PATH_MAX + 32], path[PATH_MAX], signo[16];
@@ -46,7 +48,7 @@ Test(process, stats_signal_can_be_usr2, .timeout = 20)
     expect_stats_file(path, 3);
 }
 
-Test(process, stats_signal_zero_installs_no_handler, .timeout = 20)
+Test(process_stats, stats_signal_zero_installs_no_handler, .timeout = 20)
 {
     /* IPCCACHE_STATS_SIGNAL=0: the cache works, and no signal disposition changes. */
     struct proc p;
@@ -57,7 +59,7 @@ Test(process, stats_signal_zero_installs_no_handler, .timeout = 20)
     expect_kv_str(&p, "sigusr2", "default");
 }
 
-Test(process, stats_go_to_an_existing_request_file, .timeout = 20)
+Test(process_stats, stats_go_to_an_existing_request_file, .timeout = 20)
 {
     /* Without a stats file, <IPCCACHE_STATS_DIR>/ipccache-<pid>.stats receives the line if it exists. */
     char env[PATH_MAX + 32], path[PATH_MAX + 64];
@@ -69,7 +71,7 @@ Test(process, stats_go_to_an_existing_request_file, .timeout = 20)
     expect_stats_file(path, 3);
 }
 
-Test(process, stats_go_to_stderr_without_a_file, .timeout = 20)
+Test(process_stats, stats_go_to_stderr_without_a_file, .timeout = 20)
 {
     /* No stats file and no request file: the line goes to stderr, and no file appears. */
     char env[PATH_MAX + 32], path[PATH_MAX + 64];
@@ -87,7 +89,7 @@ Test(process, stats_go_to_stderr_without_a_file, .timeout = 20)
 /* ---- the stats signal keeps the program's settings ----------------------- */
 
 
-Test(process, stats_handler_keeps_the_programs_flags_and_mask, .timeout = 20)
+Test(process_stats, stats_handler_keeps_the_programs_flags_and_mask, .timeout = 20)
 {
     /* Over the program's own handler (no SA_RESTART, SA_ONSTACK, SIGUSR2 masked), ours keeps all three and chains. */
     char env[PATH_MAX + 32];
@@ -101,7 +103,7 @@ Test(process, stats_handler_keeps_the_programs_flags_and_mask, .timeout = 20)
     expect_kv(&p, "app_handler_called", 1);
 }
 
-Test(process, stats_handler_keeps_sa_restart_when_the_program_chose_it, .timeout = 20)
+Test(process_stats, stats_handler_keeps_sa_restart_when_the_program_chose_it, .timeout = 20)
 {
     /* Over the program's handler with SA_RESTART, ours restarts calls too: a read() is not cut short. */
     char env[PATH_MAX + 32];
@@ -113,7 +115,7 @@ Test(process, stats_handler_keeps_sa_restart_when_the_program_chose_it, .timeout
     expect_kv(&p, "app_handler_called", 1);
 }
 
-Test(process, stats_signal_still_interrupts_a_read, .timeout = 20)
+Test(process_stats, stats_signal_still_interrupts_a_read, .timeout = 20)
 {
     /* A read() the program expects SIGUSR1 to interrupt still returns EINTR, with or without a handler of its own. */
     char env[PATH_MAX + 32];
@@ -127,7 +129,7 @@ Test(process, stats_signal_still_interrupts_a_read, .timeout = 20)
     }
 }
 
-Test(process, ignored_stats_signal_stays_ignored, .timeout = 20)
+Test(process_stats, ignored_stats_signal_stays_ignored, .timeout = 20)
 {
     /* A signal the program ignores stays ignored, and raising it does not kill the process. */
     struct proc p;
@@ -141,7 +143,7 @@ Test(process, ignored_stats_signal_stays_ignored, .timeout = 20)
     cr_assert_neq(access(marker, F_OK), 0, "a marker without a handler: %s", marker);
 }
 
-Test(process, explicit_stats_signal_takes_an_ignored_one, .timeout = 20)
+Test(process_stats, explicit_stats_signal_takes_an_ignored_one, .timeout = 20)
 {
     /* IPCCACHE_STATS_SIGNAL set explicitly installs the handler even over SIG_IGN. */
     char env[PATH_MAX + 32], path[PATH_MAX + 32];
@@ -156,7 +158,7 @@ Test(process, explicit_stats_signal_takes_an_ignored_one, .timeout = 20)
 
 /* ---- fork, the marker ---------------------------------------------------- */
 
-Test(process, fork_child_stats_go_to_its_own_file, .timeout = 20)
+Test(process_stats, fork_child_stats_go_to_its_own_file, .timeout = 20)
 {
     /* A fork child's stats line goes to the %p file of the child, not the parent's, and counts only its own calls; it has its own marker. */
     char env[PATH_MAX + 32], path[PATH_MAX + 32], line[8192];
@@ -176,7 +178,7 @@ Test(process, fork_child_stats_go_to_its_own_file, .timeout = 20)
     expect_kv(&p, "child_marker_after_exit", 0);
 }
 
-Test(process, marker_says_pid_start_signal_and_destination, .timeout = 20)
+Test(process_stats, marker_says_pid_start_signal_and_destination, .timeout = 20)
 {
     /* The marker holds the pid, its start time, the signal, the library's base, the expanded stats file and the request folder; it goes at exit. */
     char env[PATH_MAX + 32], want[PATH_MAX + 32], buf[PATH_MAX + 32];

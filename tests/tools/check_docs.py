@@ -9,9 +9,15 @@ prints one line per problem (none: the check passes).
             names it in its first cell, in the README
   limits    each section of docs/limits.md is one line of the README's list
   length    the README: at most 250 lines; no line but a table row over 120
+  layers    docs/design.md's layer table lists shim/layers.txt's folders,
+            in its order (peers in one row)
+  comments  every file a comment of shim/, tests/, tools/ or the Makefile names
+            is a tracked file (or an outside one on EXTERNAL), and every
+            README "X" or <doc>.md "X" it cites is a heading of that document
 """
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -100,9 +106,81 @@ def check_length():
             print("README.md:%d: %d characters" % (n, len(line)))
 
 
+# Files a comment may name that are not the repository's: CUDA's header, the
+# peer suites' own tests, the mutant tool's scratch names.
+EXTERNAL = {"cuda.h", "mutant.py", "log.txt", "test_cuda_ipc_transport.py",
+            "test/test_multiprocessing.py", "test/registered/unit/multimodal/test_cuda_ipc_transport.py"}
+FILE_NAME = re.compile(r"(?<![\w./$-])([\w./-]*\w\.(?:c|h|S|cu|sh|py|md|def|map|txt))\b")
+CITE = re.compile(r"\b(README|[\w/-]+\.md),? \"([^\"]+)\"")
+
+
+def comments_of(path, text):
+    """(line, comment) of a C file's /* */ and //, of others' "# ..." lines."""
+    if path.endswith((".c", ".h", ".S", ".cu")):
+        for m in re.finditer(r"/\*.*?\*/|//[^\n]*", text, re.S):
+            yield text.count("\n", 0, m.start()) + 1, m.group(0)
+        return
+    for n, line in enumerate(text.splitlines(), 1):
+        m = re.search(r"(?:^|\s)#(?:\s.*|$)", line)
+        if m:
+            yield n, m.group(0)
+
+
+def heading_doc(name):
+    if name == "README":
+        return ROOT / "README.md"
+    hits = [d for d in DOCS if str(d.relative_to(ROOT)) == name or d.name == name]
+    return hits[0] if hits else None
+
+
+def check_layers():
+    order = []
+    for line in (ROOT / "shim" / "layers.txt").read_text(encoding="utf-8").splitlines():
+        words = line.split("#", 1)[0].split()
+        if words and words[0] != "allow":
+            order.append(words)
+    rows, inside = [], False
+    for line in text_of(ROOT / "docs" / "design.md"):
+        if line.startswith("## "):
+            inside = line == "## Layers, top to bottom"
+        elif inside and line.startswith("| `shim/"):
+            rows.append(re.findall(r"`shim/(\w+)/`", line.split(" | ")[0]))
+    if rows != order:
+        print("docs/design.md's layer table: %s; shim/layers.txt: %s"
+              % (" / ".join(" ".join(r) for r in rows), " / ".join(" ".join(o) for o in order)))
+
+
+def check_comments():
+    git = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True)
+    if git.returncode == 0:
+        tracked = git.stdout.split()
+    else:  # a copy of the tree without its history: every file but the build's
+        tracked = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()
+                   and p.relative_to(ROOT).parts[0] not in ("build", ".git")]
+    # A path's tail names it too (the files of shim/ go without "shim/").
+    names = {"/".join(f.split("/")[i:]) for f in tracked for i in range(f.count("/") + 1)}
+    names |= EXTERNAL
+    for f in tracked:
+        if not re.match(r"(shim|tests|tools)/|Makefile$", f) or f.startswith("tools/bench/"):
+            continue
+        path = ROOT / f
+        if not f.endswith((".c", ".h", ".S", ".cu", ".sh", ".py", ".def", ".in")) and f != "Makefile":
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for n, comment in comments_of(f, text):
+            for name in FILE_NAME.findall(comment):
+                if name not in names and "_X." not in name and not name.startswith("/"):
+                    print("%s:%d: names %s, which is no file" % (f, n, name))
+            for doc, heading in CITE.findall(" ".join(comment.split())):
+                dest = heading_doc(doc)
+                if dest is None or slug(heading) not in anchors(dest):
+                    print('%s:%d: cites %s "%s", which is no heading' % (f, n, doc, heading))
+
+
 def main(argv):
     checks = {"links": check_links, "paths": check_paths, "limits": check_limits,
-              "length": check_length,
+              "length": check_length, "comments": check_comments,
+              "layers": check_layers,
               "once": lambda: check_once(sys.stdin.read().split())}
     if len(argv) != 1 or argv[0] not in checks:
         print(__doc__, file=sys.stderr)

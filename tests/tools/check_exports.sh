@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 #
-# check_exports.sh LIB MAP - the library must export exactly the global names
-# of its version script. A preloaded library is searched before every other
+# check_exports.sh LIB MAP [WRAPPERS] - the library must export exactly the
+# global names of its version script, and every function WRAPPERS (the
+# hooks' C file) defines as IPCC_EXPORT must be one of them (a wrapper with
+# no row in hooks.def is never exported). A preloaded library is searched before every other
 # one, so any extra exported name could hijack another library's function of
 # that name; a missing one is a hook that silently never runs.
 #
@@ -9,11 +11,11 @@
 
 set -u
 
-if [[ $# -ne 2 || ! -f $1 || ! -f $2 ]]; then
-    echo "usage: check_exports.sh LIB MAP (both must exist)" >&2
+if [[ $# -lt 2 || $# -gt 3 || ! -f $1 || ! -f $2 || ( $# -eq 3 && ! -f ${3:-} ) ]]; then
+    echo "usage: check_exports.sh LIB MAP [WRAPPERS] (each must exist)" >&2
     exit 2
 fi
-lib=$1 map=$2
+lib=$1 map=$2 wrappers=${3:-}
 
 # Defined dynamic symbols of LIB as "TYPE NAME", version suffixes dropped.
 # Version-node symbols (type A) are not functions or data anyone can call.
@@ -74,6 +76,16 @@ while read -r name; do
     echo "check_exports: $lib exports a non-function symbol: $name"
     bad=1
 done <<<"$other"
+# The wrappers defined (a declaration ends at its ";" before any "{").
+if [[ -n $wrappers ]]; then
+    defs=$(tr '\n' ' ' <"$wrappers" | grep -o 'IPCC_EXPORT [^;{]*{' |
+        sed -E 's/\(.*//; s/.*[ *]//' | sort -u)
+    while read -r name; do
+        [[ -n $name ]] || continue
+        echo "check_exports: $wrappers defines the wrapper $name, which $map does not list"
+        bad=1
+    done < <(comm -23 <(printf '%s\n' "$defs") <(printf '%s\n' "$wanted") | sed '/^$/d')
+fi
 
 if [[ $bad -eq 0 ]]; then
     echo "check_exports: ok, $lib exports exactly the $(wc -l <<<"$wanted") names of $map"

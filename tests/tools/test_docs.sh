@@ -131,10 +131,23 @@ check "docs: ipccache-run --help says --strict means exit status 78" \
     eval 'tools/ipccache-run --help | tr -s " \n" " " | grep -q "error: exit status 78"'
 
 # --- the layout: links, paths, one owner, length ---------------------------------
-for what in links paths limits length; do
+for what in links paths limits length comments layers; do
     python3 tests/tools/check_docs.py "$what" >"$tmp/diff" 2>&1
     check "docs: check_docs.py $what" test ! -s "$tmp/diff"
 done
+
+# A comment naming a file that is gone and a heading that is not there fails.
+mkdir -p "$tmp/stale/tests/tools" "$tmp/stale/shim" "$tmp/stale/docs"
+cp tests/tools/check_docs.py "$tmp/stale/tests/tools/"
+printf '# Title\n\n## Files\n' >"$tmp/stale/README.md"
+printf '/* gone.c moved (README "Files"; README "How it was") */\n' >"$tmp/stale/shim/a.c"
+git -C "$tmp/stale" init -q && git -C "$tmp/stale" add -A &&
+    python3 "$tmp/stale/tests/tools/check_docs.py" comments >"$tmp/diff" 2>&1
+check "docs: a comment naming a file that is gone fails" \
+    grep -qx 'shim/a.c:1: names gone.c, which is no file' "$tmp/diff"
+check "docs: a comment citing a heading that is not there fails" \
+    eval "grep -qx 'shim/a.c:1: cites README \"How it was\", which is no heading' \"$tmp/diff\" &&
+          [[ \$(wc -l <\"$tmp/diff\") -eq 2 ]]"
 
 # --- make targets, prerequisites -------------------------------------------------
 make --no-print-directory help | while IFS= read -r line; do

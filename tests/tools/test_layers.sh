@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 #
-# test_layers.sh - every call between the library's files goes one way:
-# tests/tools/check_layers.py reads the built objects' symbols (nm) and fails on
-# any circle (docs/design.md says which layer registers what with which).
-# Also checks that the check itself sees a circle planted in two objects.
+# test_layers.sh - every call and include between the library's files goes
+# down the folders' order in shim/layers.txt: tests/tools/check_layers.py
+# reads the built objects' symbols (nm), the sources' includes and each header
+# compiled alone, and fails on a circle, an upward or sideways call or include,
+# an include of another folder's private header, a circle through headers
+# (docs/design.md says which layer registers what with which).
+# Also checks that the check itself sees each of those planted in small trees.
 
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -12,25 +15,35 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 tap_setup layers
 build=${IPCC_TEST_BUILD:-build}
 [[ $build == /* ]] || build=$root/$build
+cc=${CC:-cc}
 TAP_SHOW="$tmp/out"
-check_layers() { python3 "$root/tests/tools/check_layers.py" "$1" >"$tmp/out" 2>&1; }
+check_layers() { python3 "$root/tests/tools/check_layers.py" "$@" >"$tmp/out" 2>&1; }
+ordered() { # ordered TREE: the check of TREE's objects against TREE's layers.txt
+    check_layers --order "$1/layers.txt" --src "$1/src" --cc "$cc" --cflags=-std=gnu11 "$1/obj"
+}
 
 if [[ -d $build/shim ]]; then
-    check_layers "$build/shim"
-    check "layers: no circle among the library's files" test $? -eq 0
+    check_layers --order "$root/shim/layers.txt" --src "$root/shim" --cc "$cc" \
+        --cflags="-std=gnu11 -I${CUDA_HOME:-/usr/local/cuda}/include" "$build/shim"
+    check "layers: every call and include goes down shim/layers.txt" test $? -eq 0
     cat "$tmp/out"
 else
     not_ok "layers: $build/shim is built"
 fi
+
+# The fork handlers are registered in one file; every reset runs from its list.
+atfork=$(cd "$root" && grep -rl 'pthread_atfork' shim --include='*.c' --include='*.h')
+check "layers: only shim/life/lifecycle.c registers fork handlers (found: $atfork)" \
+    test "$atfork" = shim/life/lifecycle.c
 
 # Two files that call each other, then the same two calling one way.
 mkdir -p "$tmp/circle/low" "$tmp/oneway"
 printf 'void high(void);\nvoid low(void) { high(); }\n' >"$tmp/low.c"
 printf 'void low(void);\nvoid high(void) { low(); }\n' >"$tmp/high.c"
 printf 'void low(void) { }\n' >"$tmp/low_alone.c"
-"${CC:-cc}" -c -o "$tmp/circle/low/low.o" "$tmp/low.c" &&
-    "${CC:-cc}" -c -o "$tmp/circle/high.o" "$tmp/high.c" &&
-    "${CC:-cc}" -c -o "$tmp/oneway/low.o" "$tmp/low_alone.c" &&
+"$cc" -c -o "$tmp/circle/low/low.o" "$tmp/low.c" &&
+    "$cc" -c -o "$tmp/circle/high.o" "$tmp/high.c" &&
+    "$cc" -c -o "$tmp/oneway/low.o" "$tmp/low_alone.c" &&
     cp "$tmp/circle/high.o" "$tmp/oneway/high.o"
 check "layers: the planted objects build" test $? -eq 0
 check_layers "$tmp/circle"
@@ -39,5 +52,71 @@ check "layers: the failure names both files and the symbols" \
     grep -qx '  low/low -> high: high' "$tmp/out"
 check_layers "$tmp/oneway"
 check "layers: the same files calling one way pass" test $? -eq 0
+
+# plant TREE ORDER: a tree of folders high/, mid/, low/ (layers.txt: ORDER, one
+# line each, a "/" for peers on one line), each with <folder>.h; then files
+# are added with put and built with build_tree.
+plant() {
+    rm -rf "$1"
+    mkdir -p "$1/src/high" "$1/src/mid" "$1/src/low" "$1/obj"
+    tr '/' ' ' <<<"$2" | tr ',' '\n' >"$1/layers.txt"
+    for f in high mid low; do
+        printf 'void %s(void);\n' "$f" >"$1/src/$f/$f.h"
+        printf '#include "%s.h"\nvoid %s(void) { }\n' "$f" "$f" >"$1/src/$f/$f.c"
+    done
+}
+put() { printf '%b' "$3" >"$1/src/$2"; }
+build_tree() {
+    local c o
+    for c in "$1"/src/*/*.c; do
+        o=$1/obj/${c#"$1"/src/}
+        mkdir -p "$(dirname "$o")"
+        "$cc" -std=gnu11 -I"$1/src" -I"$1/src/high" -I"$1/src/mid" -I"$1/src/low" \
+            -c -o "${o%.c}.o" "$c" || return 1
+    done
+}
+t=$tmp/tree
+# finds LINE: the planted tree built and checked, its check prints LINE.
+finds() { build_tree "$t" && ordered "$t"; grep -qxF "$1" "$tmp/out"; }
+
+plant "$t" high,mid,low
+put "$t" high/high.c '#include "mid.h"\nvoid high(void) { mid(); }\n'
+put "$t" mid/mid.c '#include "low.h"\nvoid mid(void) { low(); }\n'
+build_tree "$t" && ordered "$t"
+check "layers: calls and includes down the declared order pass" test $? -eq 0
+
+plant "$t" high,mid,low
+put "$t" low/low.c '#include "high.h"\nvoid low(void) { high(); }\n'
+build_tree "$t" && ordered "$t"
+check "layers: a call up the declared order fails (no circle needed)" test $? -eq 1
+check "layers: the failure names the files and the symbol" \
+    grep -qx 'check_layers: upward call low/low -> high/high: high' "$tmp/out"
+check "layers: an include up the declared order fails" \
+    grep -qx 'check_layers: upward include low/low -> high/high.h: high.h' "$tmp/out"
+
+plant "$t" high/mid,low
+put "$t" high/high.c '#include "mid.h"\nvoid high(void) { mid(); }\n'
+check "layers: a call between peers fails" \
+    finds 'check_layers: call between peers high/high -> mid/mid: mid'
+
+plant "$t" high,mid,low
+put "$t" low/low_impl.h 'void low_inner(void);\n'
+put "$t" low/low.c '#include "low_impl.h"\nvoid low(void) { }\nvoid low_inner(void) { }\n'
+put "$t" high/high.c '#include "low_impl.h"\nvoid high(void) { low_inner(); }\n'
+check "layers: an include of another folder's private header fails" \
+    finds "check_layers: include of another folder's private header high/high -> low/low_impl.h"
+
+# Files a and b include the header two, whose inline code calls a; a calls b:
+# the objects alone show a -> b only, the header makes it a circle.
+plant "$t" high,mid,low
+put "$t" low/two.h 'void a(void);\nvoid b(void);\nstatic inline void two(void) { a(); }\n'
+put "$t" low/a.c '#include "two.h"\nvoid a(void) { b(); }\n'
+put "$t" low/b.c '#include "two.h"\nvoid b(void) { }\n'
+check "layers: a circle through a header's inline code fails" \
+    finds 'check_layers: a circle through headers: low/a low/b low/two.h'
+
+plant "$t" high,mid
+build_tree "$t" && ordered "$t"
+check "layers: a folder not declared fails" grep -q 'folder low is not in' "$tmp/out"
 
 tap_summary layers

@@ -21,8 +21,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "release_ledger.h"
 #include "ledger.h"
+#include "ledger_impl.h"
 
 #define FOREVER_NS (60ULL * 1000 * 1000 * 1000)
 
@@ -53,7 +53,7 @@ static void setup_quiet(void)
     cr_redirect_stderr();
 }
 
-TestSuite(ledger, .init = setup, .fini = teardown);
+TestSuite(ledger, .init = setup, .fini = teardown, .timeout = 10);
 
 static void handle_of(unsigned char h[IPCC_HANDLE_BYTES], unsigned char tag)
 {

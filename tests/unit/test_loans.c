@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "legacy.h"
+#include "legacy_table.h"
 
 #define CTX 1
 #define ROOM 1000000

@@ -1,5 +1,5 @@
 /*
- * test_stripes.c - the counters' stripes (shim/life/stats.c) alone: which
+ * test_stripes.c - the counters' stripes (shim/stats/stats.c) alone: which
  * stripe a thread counts on after a fork and after its own exit. A stripe
  * two threads write with plain stores loses counts; these tests check the
  * ownership that rules it out, without needing the two to collide.
@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "life.h"
+#include "stats.h"
 
 static struct ipcc_counters *shared(void)
 {

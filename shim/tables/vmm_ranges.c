@@ -1,6 +1,6 @@
 /*
  * vmm_ranges.c - the VMM table's reservations, with their chunk mappings and
- * access, and eviction (pure C, as vmm_imports.c).
+ * access, and eviction (pure C, as vmm_table.c).
  *
  * Tracked reservations are the address ranges the app reserved right after
  * importing. A chunk (one mapping) is "adopted" while the app has it mapped,
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmm_table.h"
+#include "vmm_table_impl.h"
 
 /* ---- reservations: finding ------------------------------------------------ */
 

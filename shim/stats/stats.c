@@ -14,7 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "life.h"
+#include "stats.h"
+#include "stats_impl.h"
 
 #define STATS_SCHEMA 1
 #define LINE_MAX_BYTES 4096
@@ -80,13 +81,6 @@ uint64_t ipcc_stat_sum(size_t field_offset)
                                       memory_order_relaxed);
     }
     return total;
-}
-
-uint64_t ipcc_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
 static uint64_t load(const _Atomic uint64_t *v)
@@ -230,7 +224,7 @@ size_t ipcc_stats_format(char *buf, size_t cap)
     put_counters(&o, hits, &g);
     put_gauges(&o, &g);
     put_costs(&o, hits);
-    put_top(&o, ipcc_now_ns());
+    put_top(&o, ipcc_clock_ns());
     put_str(&o, "}\n");
     return (size_t)(o.p - buf);
 }
@@ -399,11 +393,16 @@ static int install(int sig)
     return 0;
 }
 
-/* A fork child inherits the handler: it announces itself with its own
- * marker. Async-signal-safe. */
-static void child_marker(void)
+static _Atomic int handler_installed;
+
+/* Fork child (entry/wiring.c's list, last): its counts start at zero, and
+ * since it inherits the handler, it announces itself with its own marker.
+ * Async-signal-safe. */
+void ipcc_stats_fork_child(void)
 {
-    ipcc_marker_write(ipcc_config.stats_signal, request_dir);
+    ipcc_stats_reset();
+    if (atomic_load(&handler_installed))
+        ipcc_marker_write(ipcc_config.stats_signal, request_dir);
 }
 
 /* Installed at the first intercepted IPC call, never earlier: a process that
@@ -419,5 +418,5 @@ void ipcc_stats_install_handler(void)
     if (sig == 0 || install(sig) != 0)
         return;
     ipcc_marker_write(sig, request_dir);
-    pthread_atfork(NULL, NULL, child_marker);
+    atomic_store(&handler_installed, 1);
 }

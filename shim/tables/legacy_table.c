@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "legacy.h"
+#include "legacy_table.h"
 
 /* uthash must not abort the process on allocation failure: it leaves the
  * element out and raises this flag instead (read under the caller's lock). */

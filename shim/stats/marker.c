@@ -31,7 +31,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "life.h"
+#include "stats_impl.h"
 
 #define MARKER_SCHEMA 1
 

@@ -1,12 +1,12 @@
 /*
- * vmm_table.h - what the VMM table's two files share (vmm_imports.c: the
+ * vmm_table_impl.h - what the VMM table's files share (vmm_table.c: the
  * table and its imports; vmm_ranges.c: reservations, chunks, access,
- * eviction). Private to them; the table's interface is in vmm.h.
+ * eviction). Private to the folder; the table's interface is vmm_table.h.
  */
-#ifndef IPCC_VMM_TABLE_H
-#define IPCC_VMM_TABLE_H
+#ifndef IPCC_VMM_TABLE_IMPL_H
+#define IPCC_VMM_TABLE_IMPL_H
 
-#include "vmm.h"
+#include "vmm_table.h"
 
 #define IPCC_VMM_MAX_ACCESS 8 /* devices whose access a chunk remembers */
 

@@ -1,5 +1,5 @@
 /*
- * vmm_imports.c - the VMM path's table, and its imports keyed by export
+ * vmm_table.c - the VMM path's table, and its imports keyed by export
  * identity.
  *
  * Pure data structure: no CUDA, no I/O, no locking (the caller holds the one
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmm_table.h"
+#include "vmm_table_impl.h"
 
 /* ---- small helpers ------------------------------------------------------ */
 

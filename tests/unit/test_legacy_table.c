@@ -1,11 +1,11 @@
 /*
- * test_cache.c - the table alone: no CUDA, no preload. References, the LRU
+ * test_legacy_table.c - the table alone: no CUDA, no preload. References, the LRU
  * order, the caps, and per-context removal.
  */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "legacy.h"
+#include "legacy_table.h"
 
 static struct ipcc_cache *cache;
 
@@ -52,10 +52,10 @@ static uint64_t gauge(const _Atomic uint64_t *g)
     return atomic_load(g);
 }
 
-TestSuite(cache, .init = setup, .fini = teardown, .timeout = 10);
+TestSuite(legacy_table, .init = setup, .fini = teardown, .timeout = 10);
 
 /* A key not inserted is a miss and leaves the output alone. */
-Test(cache, empty_table_misses)
+Test(legacy_table, empty_table_misses)
 {
     struct ipcc_key k = key(1, 1);
     uint64_t p = 77;
@@ -64,7 +64,7 @@ Test(cache, empty_table_misses)
 }
 
 /* Insert then acquire returns the pointer and counts two references. */
-Test(cache, insert_then_acquire)
+Test(legacy_table, insert_then_acquire)
 {
     insert(1, 1, 0x1000, 4096);
     struct ipcc_key k = key(1, 1);
@@ -77,7 +77,7 @@ Test(cache, insert_then_acquire)
 }
 
 /* Flags and context are part of the key. */
-Test(cache, key_includes_flags_and_context)
+Test(legacy_table, key_includes_flags_and_context)
 {
     insert(1, 1, 0x1000, 4096);
     struct ipcc_key other_ctx = key(2, 1), other_flags = key(1, 1);
@@ -88,7 +88,7 @@ Test(cache, key_includes_flags_and_context)
 }
 
 /* A second insert of the same key shares the first entry (lost race). */
-Test(cache, duplicate_insert_shares_entry)
+Test(legacy_table, duplicate_insert_shares_entry)
 {
     insert(1, 1, 0x1000, 4096);
     struct ipcc_key k = key(1, 1);
@@ -100,7 +100,7 @@ Test(cache, duplicate_insert_shares_entry)
 }
 
 /* Releasing an unknown pointer, or one of another context, is not found. */
-Test(cache, release_unknown)
+Test(legacy_table, release_unknown)
 {
     insert(1, 1, 0x1000, 4096);
     cr_assert_eq(ipcc_cache_release(cache, 1, 0x2000, 0), IPCC_RELEASE_NOT_FOUND);
@@ -108,7 +108,7 @@ Test(cache, release_unknown)
 }
 
 /* The gauges follow entries between live and idle. */
-Test(cache, gauges_track_idle_bytes)
+Test(legacy_table, gauges_track_idle_bytes)
 {
     const struct ipcc_cache_gauges *g = ipcc_cache_gauges(cache);
     insert(1, 1, 0x1000, 100);
@@ -126,7 +126,7 @@ Test(cache, gauges_track_idle_bytes)
 }
 
 /* Eviction takes idle entries oldest first, only as many as the caps need. */
-Test(cache, evict_lru_order)
+Test(legacy_table, evict_lru_order)
 {
     for (unsigned char i = 1; i <= 4; i++) {
         insert(1, i, 0x1000 * i, 100);
@@ -142,7 +142,7 @@ Test(cache, evict_lru_order)
 }
 
 /* Eviction never touches live entries and respects the output capacity. */
-Test(cache, evict_skips_live_and_honours_capacity)
+Test(legacy_table, evict_skips_live_and_honours_capacity)
 {
     insert(1, 1, 0x1000, 100);
     for (unsigned char i = 2; i <= 5; i++) {
@@ -157,7 +157,7 @@ Test(cache, evict_skips_live_and_honours_capacity)
 }
 
 /* Dropping a context removes its entries, live or idle, and no others. */
-Test(cache, drop_context)
+Test(legacy_table, drop_context)
 {
     insert(1, 1, 0x1000, 100);
     insert(2, 1, 0x1000, 100);
@@ -173,7 +173,7 @@ Test(cache, drop_context)
 }
 
 /* The top slots mirror entries for the signal handler, and free on removal. */
-Test(cache, top_slots_mirror_entries)
+Test(legacy_table, top_slots_mirror_entries)
 {
     insert(7, 1, 0x1000, 4096);
     struct ipcc_key k = key(7, 1);
@@ -189,7 +189,7 @@ Test(cache, top_slots_mirror_entries)
 }
 
 /* Clearing (the fork child) empties the table but keeps it usable. */
-Test(cache, clear_keeps_table_usable)
+Test(legacy_table, clear_keeps_table_usable)
 {
     insert(1, 1, 0x1000, 100);
     ipcc_cache_clear(cache);
@@ -201,7 +201,7 @@ Test(cache, clear_keeps_table_usable)
 
 /* A second key for a cached pointer becomes an alias: one entry, one more
  * reference, and the caller told to give its own driver reference back. */
-Test(cache, same_pointer_under_a_second_key_is_an_alias)
+Test(legacy_table, same_pointer_under_a_second_key_is_an_alias)
 {
     insert(1, 1, 0x1000, 100);
     struct ipcc_key k2 = key(1, 2);
@@ -218,7 +218,7 @@ Test(cache, same_pointer_under_a_second_key_is_an_alias)
 
 /* A close past zero removes the entry (with its aliases): the next open of
  * either key is a miss. */
-Test(cache, past_zero_removes_the_entry)
+Test(legacy_table, past_zero_removes_the_entry)
 {
     insert(1, 1, 0x1000, 100);
     struct ipcc_key k1 = key(1, 1), k2 = key(1, 2);
@@ -237,7 +237,7 @@ Test(cache, past_zero_removes_the_entry)
 
 /* Evicting an entry takes its aliases too: a later insert under the alias
  * key is a fresh entry. */
-Test(cache, eviction_takes_the_aliases)
+Test(legacy_table, eviction_takes_the_aliases)
 {
     insert(1, 1, 0x1000, 100);
     struct ipcc_key k2 = key(1, 2);
@@ -251,7 +251,7 @@ Test(cache, eviction_takes_the_aliases)
 }
 
 /* Keys differing only in the last handle byte are different keys. */
-Test(cache, whole_handle_is_the_key)
+Test(legacy_table, whole_handle_is_the_key)
 {
     struct ipcc_key a, b;
     unsigned char h[IPCC_HANDLE_BYTES] = { 0 };
@@ -266,7 +266,7 @@ Test(cache, whole_handle_is_the_key)
 /* Out of memory nothing is cached and the table stays as it was: a new
  * entry fails, and so does an alias, leaving the entry's references alone
  * (the caller keeps the driver's reference for the application). */
-Test(cache, out_of_memory_caches_nothing)
+Test(legacy_table, out_of_memory_caches_nothing)
 {
     insert(1, 1, 0x1000, 100);
     struct ipcc_key k2 = key(1, 2), k3 = key(1, 3);
@@ -286,7 +286,7 @@ Test(cache, out_of_memory_caches_nothing)
 
 /* Taking by handle removes that allocation's idle entries in every context,
  * leaves its referenced ones (reporting their bytes) and other handles alone. */
-Test(cache, take_idle_by_handle)
+Test(legacy_table, take_idle_by_handle)
 {
     insert(1, 1, 0x1000, 4096);
     insert(2, 1, 0x2000, 4096);

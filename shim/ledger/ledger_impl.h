@@ -1,0 +1,87 @@
+/*
+ * ledger_impl.h - layout of the release ledger, the one shared-memory file per
+ * user through which exporters ask importers to let go of idle mappings.
+ * Private to ledger.c, ledger_request.c and the ledger's unit test; the rest
+ * of the library uses the functions declared in ledger.h.
+ *
+ * Every field another process may write is atomic; every slot is owned by
+ * one process, named by pid and start time, and taken with a compare-and-swap
+ * on its pid word, so a dead owner's slot can be taken over.
+ */
+#ifndef IPCC_LEDGER_H
+#define IPCC_LEDGER_H
+
+#include "ledger.h"
+
+#define IPCC_LEDGER_MAGIC 0x32676c6363706969ULL /* "iipccgl2" */
+#define IPCC_LEDGER_NAME "release-ledger-v2"
+#define IPCC_LEDGER_EXPORTS 1024
+#define IPCC_LEDGER_PROBES 32
+#define IPCC_LEDGER_WATCH 16
+
+/* An exported allocation: lets an importer learn whose handle it mapped. */
+struct ipcc_ledger_export {
+    _Atomic int32_t pid;          /* 0: free */
+    _Atomic uint32_t ready;       /* handle and start written */
+    _Atomic uint64_t start;
+    unsigned char handle[IPCC_HANDLE_BYTES];
+};
+
+/* A process that holds cached mappings of other processes' memory. */
+struct ipcc_ledger_importer {
+    _Atomic int32_t pid;          /* 0: free; -pid: being claimed by pid */
+    _Atomic uint32_t doorbell;    /* futex: bumped by exporters with news */
+    _Atomic uint64_t start;       /* the owner's, once pid is positive */
+    _Atomic uint32_t any;         /* holds handles of unknown exporters */
+    _Atomic int32_t helper;       /* its helper thread's tid; 0 until named */
+    _Atomic int32_t watch[IPCC_LEDGER_WATCH]; /* exporters whose handles it holds */
+    _Atomic uint32_t acked[IPCC_LEDGER_REQUESTS]; /* generation last answered */
+};
+
+enum { IPCC_REQ_FREE, IPCC_REQ_WRITING, IPCC_REQ_POSTED };
+
+/* A request's state word holds its generation too (gen << 2 | state), so
+ * that one compare-and-swap tells "my request, still posted" from a later
+ * one posted in the same slot by another exporter. */
+#define IPCC_REQ_STATE(word) ((word) & 3u)
+#define IPCC_REQ_GEN(word) ((word) >> 2)
+
+/* "The allocation with this handle is being freed": posted by its exporter
+ * and answered by every importer it names in expected. */
+struct ipcc_ledger_request {
+    _Atomic uint32_t state;       /* gen << 2 | IPCC_REQ_*; gen changes at every posting */
+    uint32_t zero_pad0;
+    _Atomic uint32_t answers;     /* futex: bumped by each answer */
+    uint32_t zero_pad;
+    _Atomic uint64_t expected;    /* importer slots asked to answer */
+    _Atomic uint64_t deadline_ns; /* CLOCK_MONOTONIC: the exporter stops waiting */
+    _Atomic int32_t pid;
+    uint32_t zero_pad2;
+    _Atomic uint64_t start;
+    unsigned char handle[IPCC_HANDLE_BYTES];
+};
+
+struct ipcc_ledger_file {
+    _Atomic uint64_t magic;
+    _Atomic uint32_t unpublished; /* an exporter could not list a handle */
+    uint32_t zero_pad;
+    struct ipcc_ledger_importer importers[IPCC_LEDGER_IMPORTERS];
+    struct ipcc_ledger_request requests[IPCC_LEDGER_REQUESTS];
+    struct ipcc_ledger_export exports[IPCC_LEDGER_EXPORTS];
+};
+
+_Static_assert(IPCC_LEDGER_IMPORTERS <= 64, "expected is a 64-bit mask");
+
+/* The mapped ledger, or NULL when there is none (ledger.c). */
+IPCC_HIDDEN struct ipcc_ledger_file *ipcc_ledger_file(void);
+
+/* Whether importer slot s, owned by the live process pid, can answer: its
+ * helper thread was named and still lives, run yet or not (an exec() ends
+ * it and keeps the slot). */
+IPCC_HIDDEN int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid);
+
+/* Futex words live in a shared file mapping: never the private variant. */
+IPCC_HIDDEN void ipcc_futex_wake(_Atomic uint32_t *word);
+IPCC_HIDDEN void ipcc_futex_wait(_Atomic uint32_t *word, uint32_t seen, uint64_t ns);
+
+#endif
