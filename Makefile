@@ -85,7 +85,7 @@ E2E_SRC    = $(filter-out tests/process/test_process_%.c tests/process/test_ghos
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors \
              $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer $(BUILD)/tests/fuzz \
-             $(BUILD)/tools/standin_rl
+             $(BUILD)/tools/standin_rl $(BUILD)/tools/standin_hits
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
@@ -316,8 +316,8 @@ bench:
 	@bash tools/need_gpu.sh bench
 	@IPCCACHE_LIB=$(abspath $(LIB)) bash tools/bench/bench.sh
 
-# No GPU: the stand-in driver plays it; three runs without and with the library, alternating;
-# then each of the weight sync's other shapes (tools/bench/standin_rl.c says which), once each way.
+# No GPU: the stand-in driver plays it (tools/bench/standin_report.sh says what runs), in a
+# short labelled report that ends in one "bench-standin: result:" line.
 $(BUILD)/tools/standin_rl: tools/bench/standin_rl.c tests/standin/fake_cuda.h tests/standin/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests'
@@ -326,18 +326,8 @@ $(BUILD)/tools/standin_hits: tools/bench/standin_hits.c tests/standin/fake_cuda.
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN/../tests' -lpthread
 
-# Then the legacy hit pair with 1-16 threads, with the library (the stand-in's
-# own locked open and close without it are no comparison).
 bench-standin: $(LIB) $(BUILD)/tools/standin_rl $(BUILD)/tools/standin_hits
-	@for run in 1 2 3; do \
-	    printf 'without: '; $(BUILD)/tools/standin_rl; \
-	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl; \
-	done
-	@for shape in one reversed shuffled buckets two; do \
-	    printf 'without: '; $(BUILD)/tools/standin_rl 22 200 $$shape; \
-	    printf 'with:    '; LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_rl 22 200 $$shape; \
-	done
-	@for run in 1 2 3; do LD_PRELOAD=$(abspath $(LIB)) $(BUILD)/tools/standin_hits; done
+	@bash tools/bench/standin_report.sh $(BUILD) $(abspath $(LIB))
 
 # PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py and what
 # peer-fetch put in PEER_DIR/sglang (never committed).

@@ -67,10 +67,9 @@ simulated_demo() {
     rm -f "$stats"
     echo "  (real_closes is 0, like unmaps above: the line is written just before the cache closes its"
     echo "  idle mapping at exit; until then the mapping stays cached for the next open.)"
+    echo "demo: on a GPU host make demo times each open+close; the stand-in's map costs nothing"
     echo "demo: result: $N opens of one handle made $(sed -n 's/^maps=//p' <<<"$without") driver maps" \
-        "without ipccache and $(sed -n 's/^maps=//p' <<<"$with") with it ($(stat_of hits <<<"$line") hits);" \
-        "time per pair needs a GPU (the stand-in's map costs nothing); on one H200: 97-108 us" \
-        "without, 0.3 us with (results/2026-11-29-h200-quick/demo.txt)"
+        "without ipccache and $(sed -n 's/^maps=//p' <<<"$with") with it ($(stat_of hits <<<"$line") hits)"
 }
 
 if have_gpu; then

@@ -10,6 +10,8 @@
 # step, shuffled) never make more real calls than without the library, the
 # reversed one hits 95% of its maps (its two ways are two orders, each
 # predicted) and the shuffled one reuses its ranges. Counts only, no timing.
+# Last, make bench-standin's report (tools/bench/standin_report.sh, a few steps):
+# its labels, and its last line the result.
 
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -94,5 +96,23 @@ check "standin_rl: reversed every other step: at least 95% of the maps hit once 
     awk -F'map_hits=' '{ split($2, v, "%"); exit !(v[1] >= 95) }' "$tmp/reversed.with"
 check "standin_rl: shuffled: ranges reused, at most 3% of rebuilds reserve anew" \
     at_most "$(field reserves "$tmp/shuffled.with")" "$(awk -v n="$(field rebuilds_per_step "$tmp/shuffled.with")" 'BEGIN { print n * 0.03 }')"
+
+# The report: every part labelled, 16 lines, the last one its result (times not checked).
+BENCH_STANDIN_STEPS=3 BENCH_STANDIN_PAIRS=1000 bash "$root/tools/bench/standin_report.sh" "$build" "$preload" \
+    >"$tmp/out" 2>&1
+report_ok() {
+    local label
+    for label in "bench-standin: the stand-in driver plays the GPU" "bench-standin: weight sync, all at once" \
+        "  without  step median" "  with     step median" "bench-standin: the other shapes" \
+        "  one       step median" "  reversed  step median" "  shuffled  step median" "  buckets   step median" \
+        "  two       step median" "bench-standin: the legacy hit pair with ipccache" "  threads " "  same " \
+        "  different " "  driver opens while timed: 0"; do
+        grep -q "^$label" "$tmp/out" || return 1
+    done
+    local result='^bench-standin: result: a weight sync step of 201 chunks: 201 real maps and [0-9.]+ ms'
+    result+=' without ipccache, 0 and [0-9.]+ ms with it \([0-9]+x faster here\)$'
+    [[ $(wc -l <"$tmp/out") == 16 ]] && tail -n 1 "$tmp/out" | grep -qE "$result"
+}
+check "standin_rl: make bench-standin's report has its labels and ends in its result line" report_ok
 
 tap_summary standin-rl
