@@ -152,10 +152,16 @@ check "docs: a comment citing a heading that is not there fails" \
           [[ \$(wc -l <\"$tmp/diff\") -eq 2 ]]"
 
 # --- make targets, prerequisites -------------------------------------------------
-make --no-print-directory help | while IFS= read -r line; do
-    grep -qxF -- "$line" docs/testing.md || echo "not in docs/testing.md: $line"
+# make help (the Makefile's header) is the one list of targets: each it names,
+# and each `make X` a document names, is a rule of the Makefile.
+is_rule() { grep -qE "^([^:#= ]+ )*$1( [^:#= ]+)*:([^=]|\$)" Makefile; }
+{ make --no-print-directory help | awk 'substr($0, 6, 1) != " " { print $2 }'
+  grep -ohE '`make [a-z][a-z0-9-]*' README.md docs/*.md examples/README.md | cut -c7-
+} | sort -u | while read -r target; do
+    is_rule "$target" || echo "no rule in the Makefile: make $target"
 done >"$tmp/diff"
-check "docs: docs/testing.md lists every target as make help does" test ! -s "$tmp/diff"
+check "docs: every target make help and the documents name is a rule of the Makefile" \
+    test ! -s "$tmp/diff"
 grep -o 'missing+=([a-z0-9.-]*)' tests/setup.sh | sed 's/missing+=(\(.*\))/\1/' | sort -u |
     while read -r pkg; do
         grep -q "^| .*\`$pkg\`" docs/testing.md || echo "not in the prerequisites table: $pkg"
