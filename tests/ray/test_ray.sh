@@ -20,7 +20,11 @@ build=${IPCC_TEST_BUILD:-build}
 [[ $build == /* ]] || build=$root/$build
 TAP_SHOW="$tmp/out $tmp/err"
 holder=
-tap_cleanup() { [[ -z $holder ]] || { exec 9>&-; wait "$holder" 2>/dev/null; }; }
+raydir=
+tap_cleanup() {
+    [[ -z $holder ]] || { exec 9>&-; wait "$holder" 2>/dev/null; }
+    [[ -z $raydir ]] || rm -rf "$raydir"
+}
 
 finish() { tap_summary ray; exit; }
 if [[ $build == *sanitize* ]]; then
@@ -47,9 +51,11 @@ if [[ ! -f $build/libipccache.so || ! -f $build/tests/libcuda.so.1 ]]; then
 fi
 
 # The actor answers, then waits on its stdin (fd 9 here) while it is asked.
-# Ray's files go to a short folder of this run (its sockets' paths are limited).
+# Ray's files go to a short folder of this run: its sockets' paths, ~70 characters below it, must
+# stay within AF_UNIX's 107 (the suite's own temporary folder is too deep for that).
 mkfifo "$tmp/in"
-RAY_TMPDIR=$tmp "$py" "$root/tests/ray/ray_actor.py" "$build/libipccache.so" "$build/tests" 10 \
+raydir=$(mktemp -d /tmp/ray.XXXXXX)
+RAY_TMPDIR=$raydir "$py" "$root/tests/ray/ray_actor.py" "$build/libipccache.so" "$build/tests" 10 \
     <"$tmp/in" >"$tmp/actor.json" 2>"$tmp/err" &
 holder=$!
 exec 9>"$tmp/in"
