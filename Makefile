@@ -47,7 +47,7 @@ SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c shim/base/driver.c \
            shim/base/mem.c
 # The pure tables (unit-tested without CUDA).
-LEGACY_TABLE = shim/tables/legacy_table.c
+LEGACY_TABLE = shim/tables/legacy_table.c shim/tables/legacy_loans.c
 VMM_TABLE    = shim/tables/vmm_table.c shim/tables/vmm_ranges.c shim/tables/vmm_predict.c
 # The release ledger alone (unit-tested without CUDA).
 LEDGER_SRC = shim/ledger/ledger.c shim/ledger/ledger_request.c

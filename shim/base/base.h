@@ -36,7 +36,7 @@ static inline uint64_t ipcc_clock_ns(void)
 
 /* The same clock to a tick's resolution, at a fraction of the cost: only a
  * lent close (no lock) is ordered by it; the order it gives is the loans'
- * protocol comment's (tables/legacy_table.c). */
+ * protocol comment's (tables/legacy_loans.c). */
 static inline uint64_t ipcc_clock_coarse_ns(void)
 {
     struct timespec ts;

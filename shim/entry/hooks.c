@@ -177,7 +177,7 @@ IPCC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 /* ---- VMM sharing (PyTorch expandable segments): vmm_calls.c ------------- */
 
 /* A VMM call that may leave something idle, by a thread that was lent a
- * legacy entry (tables/legacy_table.c): its later lent closes must count as
+ * legacy entry (tables/legacy_loans.c): its later lent closes must count as
  * after it in the one LRU order, and their own clock is coarse. One load
  * otherwise. */
 static CUresult after_vmm_idle(CUresult rc)

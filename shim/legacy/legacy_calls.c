@@ -9,7 +9,7 @@
  * across a driver call, so a slow map (milliseconds across GPUs) does not
  * stall other threads' hits. A thread's repeated open and close of one
  * mapping take no lock at all, other threads using it too: the entry is
- * lent to it (legacy_table.c), one atomic operation per call on a line of
+ * lent to it (tables/legacy_loans.c), one atomic operation per call on a line of
  * its own.
  */
 #include <pthread.h>
@@ -195,7 +195,7 @@ static void make_lent_key(void)
 }
 
 /* Lock held, after this thread's hit or insert: lends it the entry if the
- * idle budget has room for it (tables/legacy_table.c says why). Without a way to give it
+ * idle budget has room for it (tables/legacy_loans.c says why). Without a way to give it
  * back at thread exit, or once that has run, nothing is lent. */
 static void lend_here(void)
 {

@@ -1,7 +1,7 @@
 /*
- * legacy_table.h - the legacy kind's table (legacy_table.c): pure C, no
- * CUDA, no I/O, no locking; its callers hold the table lock and run the
- * driver work it returns after unlocking.
+ * legacy_table.h - the legacy kind's table (legacy_table.c, legacy_loans.c):
+ * pure C, no CUDA, no I/O, no locking; its callers hold the table lock and
+ * run the driver work it returns after unlocking.
  */
 #ifndef IPCC_LEGACY_TABLE_H
 #define IPCC_LEGACY_TABLE_H
@@ -41,7 +41,8 @@ IPCC_HIDDEN int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *
                                    uint64_t *dptr);
 IPCC_HIDDEN int ipcc_cache_recent_is(uint64_t ctx_id, const void *handle, uint32_t flags);
 IPCC_HIDDEN int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr);
-/* Entries lent to threads (legacy_table.c): their hits and closes of them take no lock. */
+/* Loans: entries lent to threads (legacy_loans.c, whose top comment tells
+ * the protocol): their hits and closes of them take no lock. */
 struct ipcc_cache_totals {
     uint64_t live, idle, idle_bytes;
 };
