@@ -274,26 +274,41 @@ bench_ghost() {
     done
 }
 
+# sglang_tree WHAT: prepares SGLang's fetched files as $BUILD/sglang-tree; 1 (said
+# as WHAT's skip, or counted as a failure) when they are missing or do not prepare.
+SGLANG_TREE=$BUILD/sglang-tree
+sglang_tree() {
+    if [ ! -f "$SGLANG_FETCHED/MANIFEST" ]; then
+        note "$1: skipped: no $SGLANG_FETCHED/MANIFEST (run make peer-fetch where there is a network)"
+        return 1
+    fi
+    "$PYTHON" tools/sglang_peer/prepare.py "$SGLANG_FETCHED" "$SGLANG_TREE" || { FAILURES=$((FAILURES + 1)); return 1; }
+}
+
+# with_sglang PASS NAME SECONDS CMD...: CMD (a Python program) on SGLang's tree, without the
+# library (A1, A2) or with it (B: its stats lines in $RAW/stats_NAME_B.%p.json); its
+# output in $RAW/NAME_PASS.txt; a failure is said and counted.
+with_sglang() {
+    local pass=$1 name=$2 seconds=$3 tree=$SGLANG_TREE
+    shift 3
+    local -a envs=(-u LD_PRELOAD)
+    [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
+                             IPCCACHE_STATS_FILE="$RAW/stats_${name}_B.%p.json")
+    timeout "$seconds" env -u PYTORCH_CUDA_ALLOC_CONF "${envs[@]}" \
+        PYTHONPATH="$tree/src:tools/sglang_peer/site" SGLANG_PEER_DEPS="$tree/deps" \
+        SGLANG_PEER_STUB_TRANSFORMERS=1 "$@" >"$RAW/${name}_$pass.txt" 2>&1 ||
+        { note "$name $pass failed (see $RAW/${name}_$pass.txt)"; FAILURES=$((FAILURES + 1)); }
+}
+
 # SGLang's own code, A1 (no shim) / B (shim) / A2 (no shim) per repetition.
 bench_sglang_code() {
-    local tree=$BUILD/sglang-tree rep pass
-    if [ ! -f "$SGLANG_FETCHED/MANIFEST" ]; then
-        note "SGLang's code: skipped: no $SGLANG_FETCHED/MANIFEST (run make peer-fetch where there is a network)"
-        return
-    fi
-    "$PYTHON" tools/sglang_peer/prepare.py "$SGLANG_FETCHED" "$tree" || { FAILURES=$((FAILURES + 1)); return; }
+    local rep pass
+    sglang_tree "SGLang's code" || return
     for rep in $(seq 1 "$REPS"); do
         for pass in A1 B A2; do
-            local -a envs=(-u LD_PRELOAD)
-            [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
-                                     IPCCACHE_STATS_FILE="$RAW/stats_sglang_code_r${rep}_B.%p.json")
             note "SGLang's code r$rep $pass"
-            timeout "$((RUN_TIMEOUT * 2))" env -u PYTORCH_CUDA_ALLOC_CONF "${envs[@]}" \
-                PYTHONPATH="$tree/src:tools/sglang_peer/site" SGLANG_PEER_DEPS="$tree/deps" \
-                SGLANG_PEER_STUB_TRANSFORMERS=1 "$PYTHON" tools/sglang_peer/driver.py run \
-                "${SGLANG_CODE_ARGS[@]}" --out "$RAW/sglang_code_r${rep}_$pass.json" \
-                >"$RAW/sglang_code_r${rep}_$pass.txt" 2>&1 ||
-                { note "SGLang's code r$rep $pass failed (see $RAW/sglang_code_r${rep}_$pass.txt)"; FAILURES=$((FAILURES + 1)); }
+            with_sglang "$pass" "sglang_code_r$rep" "$((RUN_TIMEOUT * 2))" "$PYTHON" tools/sglang_peer/driver.py run \
+                "${SGLANG_CODE_ARGS[@]}" --out "$RAW/sglang_code_r${rep}_$pass.json"
         done
     done
 }
@@ -337,26 +352,16 @@ bench_hitpath() {
 # The engine's own numbers (tools/bench/engine/engine_bench.py), A1/B/A2 in
 # one run; each pass runs every allocator and SGLang cache setting.
 bench_engine() {
-    local tree=$BUILD/sglang-tree piece pass
-    if [ ! -f "$SGLANG_FETCHED/MANIFEST" ]; then
-        note "engine: skipped: no $SGLANG_FETCHED/MANIFEST (run make peer-fetch where there is a network)"
-        return
-    fi
-    "$PYTHON" tools/sglang_peer/prepare.py "$SGLANG_FETCHED" "$tree" || { FAILURES=$((FAILURES + 1)); return; }
+    local piece pass
+    sglang_tree engine || return
     for piece in ${BENCH_ENGINE:-serve sync}; do
         local -a args=("${ENGINE_SERVE_ARGS[@]}" --tp "${BENCH_TP:-1}")
         [ "$piece" = sync ] && args=("${ENGINE_SYNC_ARGS[@]}")
         for pass in A1 B A2; do
-            local -a envs=(-u LD_PRELOAD)
-            [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_AT_EXIT=1
-                                     IPCCACHE_STATS_FILE="$RAW/stats_engine_${piece}_B.%p.json")
             note "engine $piece $pass"
-            timeout "$((RUN_TIMEOUT * 3))" env -u PYTORCH_CUDA_ALLOC_CONF "${envs[@]}" \
-                PYTHONPATH="$tree/src:tools/sglang_peer/site" SGLANG_PEER_DEPS="$tree/deps" \
-                SGLANG_PEER_STUB_TRANSFORMERS=1 PYTHONUNBUFFERED=1 "$PYTHON" tools/bench/engine/engine_bench.py \
-                "$piece" "${args[@]}" --label "$pass" --out "$RAW/engine_${piece}_$pass.json" \
-                >"$RAW/engine_${piece}_$pass.txt" 2>&1 ||
-                { note "engine $piece $pass failed (see $RAW/engine_${piece}_$pass.txt)"; FAILURES=$((FAILURES + 1)); }
+            with_sglang "$pass" "engine_$piece" "$((RUN_TIMEOUT * 3))" PYTHONUNBUFFERED=1 "$PYTHON" \
+                tools/bench/engine/engine_bench.py "$piece" "${args[@]}" --label "$pass" \
+                --out "$RAW/engine_${piece}_$pass.json"
         done
     done
 }
