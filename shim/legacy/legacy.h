@@ -27,6 +27,8 @@ IPCC_HIDDEN void ipcc_sweep_dead_contexts(void);
 IPCC_HIDDEN void ipcc_closing_add(const struct ipcc_victim *v, size_t n);
 IPCC_HIDDEN void ipcc_closing_remove(const struct ipcc_victim *v, size_t n);
 IPCC_HIDDEN int ipcc_closing_has(uint64_t ctx_id, uint64_t dptr);
+IPCC_HIDDEN void ipcc_closing_wait(uint64_t ctx_id, uint64_t dptr);
+IPCC_HIDDEN size_t ipcc_closing_wait_elsewhere(uint64_t keep_ctx_id);
 IPCC_HIDDEN void ipcc_closing_reset(void);
 IPCC_HIDDEN void ipcc_close_listed_victims(const struct ipcc_victim *v, size_t n, int evicted);
 IPCC_HIDDEN void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted);

@@ -13,7 +13,6 @@
  * its own.
  */
 #include <pthread.h>
-#include <sched.h>
 #include <string.h>
 #include <time.h>
 
@@ -113,6 +112,17 @@ static uint64_t mapping_bytes(uint64_t dptr)
     return size;
 }
 
+/* After the driver refused a map: whether a mapping of ours in another
+ * context (one process maps an allocation in one context per device) may
+ * have been in the way and is gone now. Idle ones are closed here; those
+ * another thread is already closing are waited for, since without the
+ * cache they would have been gone before this open. */
+static int gave_way_elsewhere(uint64_t ctx_id)
+{
+    size_t closed = ipcc_release_idle_elsewhere(ctx_id);
+    return (closed + ipcc_closing_wait_elsewhere(ctx_id)) > 0;
+}
+
 /* Not cached: map for real, then record the mapping. If the table already
  * holds that mapping (another thread's miss on the same key got in first, or
  * another handle the driver resolved to the same pointer), share its entry
@@ -125,8 +135,7 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
     IPCC_COUNT(misses);
     uint64_t t0 = ipcc_clock_ns();
     CUresult rc = real(pdptr, h, flags);
-    if (rc == CUDA_ERROR_INVALID_HANDLE && ipcc_release_idle_elsewhere(key->ctx_id) > 0) {
-        /* Our idle mapping in another context on this device was in the way. */
+    if (rc == CUDA_ERROR_INVALID_HANDLE && gave_way_elsewhere(key->ctx_id)) {
         t0 = ipcc_clock_ns();
         rc = real(pdptr, h, flags);
     }
@@ -269,21 +278,6 @@ int ipcc_legacy_open_call(int slot, uint64_t *pdptr_u64, const void *handle_byte
 
 /* ---- close -------------------------------------------------------------- */
 
-/* The cache is really closing this mapping in another thread (eviction, an
- * exporter's request, a close past zero): the driver still holds the cache's
- * reference, so answering now would take it. Wait for that close; it never
- * waits on anything of ours. */
-static void wait_until_closed(uint64_t ctx_id, uint64_t dptr)
-{
-    int closing;
-    do {
-        sched_yield();
-        ipcc_lock();
-        closing = ipcc_closing_has(ctx_id, dptr);
-        ipcc_unlock();
-    } while (closing);
-}
-
 int ipcc_legacy_close_call(uint64_t dptr)
 {
     ipcc_lifecycle_start();
@@ -314,7 +308,7 @@ int ipcc_legacy_close_call(uint64_t dptr)
     switch (r) {
     case IPCC_RELEASE_NOT_FOUND:
         if (closing)
-            wait_until_closed(ctx_id, dptr);
+            ipcc_closing_wait(ctx_id, dptr);
         return passthrough_close(real, (CUdeviceptr)dptr);
     case IPCC_RELEASE_PAST_ZERO:
         /* Every reference cached opens took is closed: this one is the

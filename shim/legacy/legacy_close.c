@@ -6,6 +6,7 @@
  * is closed with its own context pushed, and the caller's restored after.
  */
 #include <cuda.h>
+#include <sched.h>
 
 #include "legacy.h"
 
@@ -91,6 +92,39 @@ void ipcc_closing_remove(const struct ipcc_victim *v, size_t n)
 int ipcc_closing_has(uint64_t ctx_id, uint64_t dptr)
 {
     return closing_slot(ctx_id, dptr) >= 0;
+}
+
+/* The cache is really closing this mapping in another thread (eviction, an
+ * exporter's request, a close past zero): the driver still holds the cache's
+ * reference, so answering a close now would take it. Waits for that close;
+ * it never waits on anything of ours. Called without the lock. */
+void ipcc_closing_wait(uint64_t ctx_id, uint64_t dptr)
+{
+    int listed;
+    do {
+        sched_yield();
+        ipcc_lock();
+        listed = ipcc_closing_has(ctx_id, dptr);
+        ipcc_unlock();
+    } while (listed);
+}
+
+/* Waits for the closes other threads had in flight, when called, in any
+ * context but keep_ctx_id's; returns how many. Called without the lock. */
+size_t ipcc_closing_wait_elsewhere(uint64_t keep_ctx_id)
+{
+    struct { uint64_t ctx_id, dptr; } in_flight[CLOSING_SLOTS];
+    size_t n = 0;
+    ipcc_lock();
+    for (int s = 0; s < CLOSING_SLOTS; s++)
+        if (closing[s].used && closing[s].ctx_id != keep_ctx_id) {
+            in_flight[n].ctx_id = closing[s].ctx_id;
+            in_flight[n++].dptr = closing[s].dptr;
+        }
+    ipcc_unlock();
+    for (size_t i = 0; i < n; i++)
+        ipcc_closing_wait(in_flight[i].ctx_id, in_flight[i].dptr);
+    return n;
 }
 
 /* Fork child: the closes in flight were the parent's threads'. */

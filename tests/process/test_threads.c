@@ -395,3 +395,48 @@ Test(threads, memo_hit_lends_again_after_a_recall, .timeout = 30)
     cr_assert_leq(locked, 3, "%lld of %d hits took the lock", locked, PAIRS);
     cr_assert_eq(tu_driver().maps, 1);
 }
+
+/* ---- an open that waits for another thread's close ----------------------- */
+
+static CUcontext first_ctx;
+
+/* In the first context: a new handle left idle puts the idle bytes past
+ * IPCCACHE_MAX_IDLE_BYTES, and this thread closes both idle mappings (one
+ * batch: none is left for another thread to take). */
+static void *evict_oldest(void *arg)
+{
+    (void)arg;
+    cuCtxSetCurrent(first_ctx);
+    CUdeviceptr p = 0;
+    if (cuIpcOpenMemHandle(&p, tu_handle(501, 8192), 1) != CUDA_SUCCESS)
+        return (void *)1;
+    return cuIpcCloseMemHandle(p) == CUDA_SUCCESS ? NULL : (void *)2;
+}
+
+/* One process maps a handle in one context per device. The cache's idle
+ * mapping in another context gives way to an open here; when another
+ * thread is already closing it (the driver's unmap takes milliseconds),
+ * the open waits for that close, as it would have found the mapping gone
+ * without the cache. */
+Test(threads, open_waits_for_a_close_in_flight_elsewhere_on_device, .timeout = 30)
+{
+    setenv("IPCCACHE_MAX_IDLE_BYTES", "4096", 1);
+    first_ctx = tu_context();
+    CUipcMemHandle h = tu_handle(500, 4096);
+    CUdeviceptr a = tu_open(h);
+    tu_close(a);
+    CUcontext second = NULL;
+    cr_assert_eq(cuCtxCreate_v2(&second, 0, 0), CUDA_SUCCESS);
+    setenv("FAKECUDA_CLOSE_DELAY_US", "300000", 1);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, evict_oldest, NULL), 0);
+    while (tu_driver().close_calls < 1)
+        usleep(100); /* the eviction's close is inside the driver now */
+    CUdeviceptr b = 0;
+    cr_assert_eq(cuIpcOpenMemHandle(&b, h, 1), CUDA_SUCCESS);
+    void *ret;
+    pthread_join(t, &ret);
+    cr_assert_null(ret);
+    cr_assert_eq(fakecuda_refcount(first_ctx, a), 0, "closed in the first context");
+    cr_assert_eq(fakecuda_refcount(second, b), 1);
+}

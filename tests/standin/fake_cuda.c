@@ -784,6 +784,16 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     if (s < 0) return unlock_ret(no_current_error());
     long i = map_find(s, dptr, 1);
     if (i < 0) return unlock_ret(CUDA_ERROR_INVALID_VALUE); /* incl. double close */
+    long delay = env_long("FAKECUDA_CLOSE_DELAY_US", 0);
+    if (delay > 0) {
+        /* A slow unmap (the real one takes milliseconds): the mapping stays
+         * until it is done, other threads' calls go on meanwhile. */
+        unlock();
+        usleep((useconds_t)delay);
+        lock();
+        i = map_find(s, dptr, 1);
+        if (i < 0) return unlock_ret(CUDA_ERROR_INVALID_VALUE);
+    }
     if (--g_maps[i].refs == 0) {
         remove_map((size_t)i);
         g_cnt.unmaps++;
