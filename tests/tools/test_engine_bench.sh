@@ -70,6 +70,7 @@ expect_status "report takes two or three files" $? 2
 
 # ---- the arithmetic --------------------------------------------------------
 PYTHONPATH=$root/tools/bench/engine "$PY" - >"$tmp/arith.out" 2>&1 <<'EOF'
+import sys
 import engine_bench as e
 assert e.image_grid(1024) == (74, 5476, 1176, 1369), e.image_grid(1024)
 assert e.image_grid(448) == (32, 1024, 1176, 256)
@@ -89,11 +90,17 @@ assert s["batches"] == 5 and abs(s["gpu_busy_share"] - 0.075) < 1e-9, s  # 5 x 1
 assert s["mean_batch"] == 2.0
 st = e.summarize_steps([100.0, 30.0, 10.0, 20.0], 1)
 assert st == {"steps": 3, "step_p50_ms": 20.0, "step_min_ms": 10.0, "step_max_ms": 30.0}, st
+ph = e.summarize_phases([{"engine_copy_ms": 99.0}, {"engine_copy_ms": 3.0, "x": 1.0},
+                         {"engine_copy_ms": 5.0}, {"engine_copy_ms": 4.0}], 1)
+assert ph == {"engine_copy_ms": 4.0, "x": 1.0}, ph
+quiet = e.Profile(None, "x")  # no folder: no profiler, torch not even imported
+quiet.start(); quiet.stop("n")
+assert quiet.prof is None and "torch.profiler" not in sys.modules
 chunks = e._sync_chunks([("a", type("T", (), {"numel": lambda s: 3, "element_size": lambda s: 2})())] * 5, 12)
 assert [len(c) for c in chunks] == [2, 2, 1], [len(c) for c in chunks]
 print("arith: fine")
 EOF
-expect "image grid, percentiles, a phase's figures, steps, buckets" "$tmp/arith.out" '^arith: fine$'
+expect "image grid, percentiles, a phase's figures, steps, step phases, buckets" "$tmp/arith.out" '^arith: fine$'
 
 # ---- the report on made-up results -------------------------------------------
 PYTHONPATH=$root/tools/bench/engine "$PY" - "$tmp" <<'EOF'
@@ -110,7 +117,8 @@ for label, (off, on) in serve.items():
 sync = {"A1": (100.0, 130.0), "B": (50.0, 55.0), "A2": (110.0, 120.0)}
 for label, (leg, exp) in sync.items():
     json.dump({"kind": "sync", "label": label, "results": [
-        {"alloc": "legacy", "mode": "tensor", "step_p50_ms": leg},
+        {"alloc": "legacy", "mode": "tensor", "step_p50_ms": leg,
+         "phase_p50_ms": {"engine_deserialize_ms": leg / 10}},
         {"alloc": "expandable", "mode": "tensor", "step_p50_ms": exp}]}, open(f"{d}/sync_{label}.json", "w"))
 EOF
 run report report "$tmp/serve_A1.json" "$tmp/serve_B.json" "$tmp/serve_A2.json"
@@ -123,8 +131,14 @@ expect "report: a cell below both runs without is flagged" "$tmp/report.out" \
     'expandable, cache on, burst 8: with / without \(mean\) = 0.980 \(below both runs without\)'
 run sreport report "$tmp/sync_A1.json" "$tmp/sync_B.json" "$tmp/sync_A2.json"
 expect "report: weight sync rows" "$tmp/sreport.out" '^\| legacy \| per tensor \| 100.0 / \*\*50.0\*\* / 110.0 \| 0.48 \|$'
+expect "report: where a step goes, phase by phase" "$tmp/sreport.out" \
+    '^\| legacy \| per tensor \| engine deserialize \| 10.0 / \*\*5.0\*\* / 11.0 \|$'
+expect "report: a phase not measured shows a dash" "$tmp/sreport.out" \
+    '^\| legacy \| per tensor \| engine final sync \| - / \*\*-\*\* / - \|$'
 expect "report: expandable against legacy, with the library" "$tmp/sreport.out" \
     'tensor: expandable / legacy, both with the library = 1.10 \(target: at most 1.2: met\)'
+ENGINE_TEST_GPUS=0 run nogpu-profile sync --profile-dir "$tmp/prof"
+expect "--profile-dir is an option of sync (skipped without a GPU)" "$tmp/nogpu-profile.out" '^engine: skipped: no CUDA GPU'
 run mixed report "$tmp/serve_A1.json" "$tmp/sync_B.json"
 expect_status "report: serve and sync files together are refused" $? 2
 

@@ -51,6 +51,9 @@
 #   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost hitpath engine")
 #   BENCH_TP      the engine part's scheduler ranks, one per GPU (default 1)
 #   BENCH_ENGINE  the engine part's pieces (default "serve sync")
+#   BENCH_PROFILE=1 the engine part also writes torch.profiler tables (raw/profiles/):
+#                 serving batches 20-35 (their figures then carry the profiler's cost),
+#                 one extra, untimed weight-sync step
 #   BENCH_SHAPES  the part shapes' list (default one,one_synced,reversed,shuffled,all,buckets,two)
 #   PEER_DIR      where `make peer-fetch` put sglang/ (default .peer)
 #   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
@@ -357,6 +360,7 @@ bench_engine() {
     for piece in ${BENCH_ENGINE:-serve sync}; do
         local -a args=("${ENGINE_SERVE_ARGS[@]}" --tp "${BENCH_TP:-1}")
         [ "$piece" = sync ] && args=("${ENGINE_SYNC_ARGS[@]}")
+        [ "${BENCH_PROFILE:-0}" = 1 ] && args+=(--profile-dir "$RAW/profiles")
         for pass in A1 B A2; do
             note "engine $piece $pass"
             with_sglang "$pass" "engine_$piece" "$((RUN_TIMEOUT * 3))" PYTHONUNBUFFERED=1 "$PYTHON" \

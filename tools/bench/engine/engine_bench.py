@@ -52,6 +52,12 @@ import time
 ALLOCS = ("legacy", "expandable")
 CACHES = ("off", "on")
 SYNC_MODES = ("tensor", "bucket")
+# Where an engine's step goes (host time): waiting for the next message, the
+# forwards' enqueue, SGLang's deserialize (PyTorch's rebuild: the IPC open),
+# the bucket's unflatten, the copies' enqueue, dropping the received tensors
+# (the IPC close), the final wait for the copies.
+SYNC_PHASES = ("queue_wait", "enqueue_forwards", "deserialize", "unflatten", "copy", "release",
+               "final_sync")
 
 # Qwen2.5-VL-3B-Instruct's published config.json (the values that shape the
 # computation); its language model is Qwen2.5-3B's.
@@ -151,6 +157,13 @@ def summarize_steps(step_ms, warmup):
             "step_max_ms": timed[-1] if timed else None}
 
 
+def summarize_phases(phases, warmup):
+    """Each phase's median over the timed steps (the steps after warmup)."""
+    timed = phases[warmup:]
+    keys = sorted({k for p in timed for k in p})
+    return {k: median([p[k] for p in timed if k in p]) for k in keys}
+
+
 # ----------------------------------------------------------------- arguments
 
 def _positive(name):
@@ -186,6 +199,8 @@ def parse_args(argv):
         s.add_argument("--timeout", type=float, default=240.0, help="seconds per allocator")
         s.add_argument("--out", help="write the results as JSON here")
         s.add_argument("--label", default="", help="a name for this run in the report (A1, B, A2)")
+        s.add_argument("--profile-dir", help="write a torch.profiler table of a stretch of the run "
+                       "here (serve: scheduler batches 20-35; sync: the last step in the engine)")
     s = sub.choices["serve"]
     s.add_argument("--tp", type=_positive("--tp"), default=1,
                    help="scheduler ranks, one per GPU, each reconstructing every feature")
@@ -260,6 +275,35 @@ def real_transformers():
         del sys.modules["transformers"]
     import transformers
     return transformers
+
+
+class Profile:
+    """torch.profiler over a stretch of a run (CPU ops, CUDA runtime calls and
+    kernels), written as tables to DIR/NAME.txt; nothing without DIR."""
+
+    def __init__(self, directory, name):
+        self.path = os.path.join(directory, name + ".txt") if directory else None
+        self.prof = None
+
+    def start(self):
+        if not self.path or self.prof is not None:
+            return
+        import torch.profiler as tp
+        self.prof = tp.profile(activities=[tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA])
+        self.prof.start()
+
+    def stop(self, note_text=""):
+        if self.prof is None:
+            return
+        self.prof.stop()
+        avg = self.prof.key_averages()
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.write(note_text + "\n\n## by self CPU time\n\n")
+            f.write(avg.table(sort_by="self_cpu_time_total", row_limit=40))
+            f.write("\n\n## by self device time\n\n")
+            f.write(avg.table(sort_by="self_device_time_total", row_limit=25))
+        self.prof, self.path = None, None
 
 
 def read_stats(pid):
@@ -362,6 +406,8 @@ def scheduler_main(args, rank, in_q, peer_qs, done_q, result_q, ready_q):
     ready_q.put((rank, os.getpid(), None))
 
     fwd = torch.cuda.Stream(device=dev)
+    profile = Profile(args.profile_dir if rank == 0 else None,
+                      f"serve-{alloc_here()}-{args.label or 'run'}")
     pending = collections.deque()
     inflight = None
     stopping = False
@@ -428,6 +474,11 @@ def scheduler_main(args, rank, in_q, peer_qs, done_q, result_q, ready_q):
                 stopping, batch = True, []
             else:
                 batch = pickle.loads(batch)
+        if batch_no == 20:
+            profile.start()
+        elif batch_no == 36:
+            profile.stop(f"scheduler rank 0, batches 20-35 (the first cache setting, at concurrency), "
+                         f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}")
         new = launch(batch) if batch else None
         if inflight is not None:
             complete(inflight)
@@ -529,6 +580,12 @@ def set_alloc_env(alloc):
     else:
         os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     return saved
+
+
+def alloc_here():
+    """The allocator this process was started with (set_alloc_env's)."""
+    return "expandable" if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") \
+        else "legacy"
 
 
 def restore_env(saved):
@@ -649,34 +706,70 @@ def trainer_main(args, mode, req_q, ack_q, out_q):
                 transformers.Qwen2Config(**MODELS[args.model]["text"]), dtype=torch.bfloat16)
         named = list(model.named_parameters())
         ack_q.get(timeout=args.timeout)  # the engine is ready
-        steps = []
-        for step in range(args.steps):
+        steps, phases = [], []
+        # A profiled step runs last, beyond --steps, and is not timed.
+        for step in range(args.steps + (1 if args.profile_dir else 0)):
             t0 = time.monotonic_ns()
-            keep = []
+            keep, serialize_ns = [], 0
             if mode == "tensor":
                 for name, t in named:
-                    req_q.put(MultiprocessingSerializer.serialize([(name, t.detach())]))
+                    ts = time.monotonic_ns()
+                    blob = MultiprocessingSerializer.serialize([(name, t.detach())])
+                    serialize_ns += time.monotonic_ns() - ts
+                    req_q.put(blob)
             else:
                 for chunk in _sync_chunks([(n, t.detach()) for n, t in named], args.bucket_mb << 20):
+                    ts = time.monotonic_ns()
                     bucket = FlattenedTensorBucket(named_tensors=chunk)
                     keep.append(bucket)
-                    req_q.put(MultiprocessingSerializer.serialize(
-                        {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}))
+                    blob = MultiprocessingSerializer.serialize(
+                        {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()})
+                    serialize_ns += time.monotonic_ns() - ts
+                    req_q.put(blob)
             req_q.put("step")
-            ack_q.get(timeout=args.timeout)
-            steps.append((time.monotonic_ns() - t0) / 1e6)
+            done = ack_q.get(timeout=args.timeout)
             del keep
+            if step == args.steps:
+                continue
+            # CLOCK_MONOTONIC is one clock for every process of the machine.
+            steps.append((done.pop("copies_done_ns") - t0) / 1e6)
+            forwards = done.pop("forwards")
+            phases.append(dict(done, trainer_serialize_ms=serialize_ns / 1e6))
         req_q.put(None)
-        out_q.put({"step_ms": steps, "tensors": len(named),
+        out_q.put({"step_ms": steps, "phases_ms": phases, "forwards": forwards, "tensors": len(named),
                    "bytes": sum(t.numel() * t.element_size() for _, t in named), "error": None})
     except Exception as exc:
         req_q.put(None)
         out_q.put({"step_ms": [], "error": f"{type(exc).__name__}: {exc}"})
 
 
+def capture_forward(torch, model, ids):
+    """The engine's forward as a CUDA graph (as engines serve), or None where
+    it cannot be captured (then the forwards run eagerly)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(2):
+                model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph):
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph
+    except Exception as exc:  # noqa: BLE001  (any capture failure means eager)
+        note(f"sync: the forward cannot be captured as a CUDA graph ({type(exc).__name__}: {exc}); eager")
+        torch.cuda.synchronize()
+        return None
+
+
 def sync_engine_main(args, mode, req_q, ack_q, pid_q):
     """The engine: copies each received tensor into its own model while the
-    forwards it enqueued at the step's start run."""
+    forwards it enqueued at the step's start run (a CUDA graph each where the
+    forward can be captured). A step ends when its copies are done; the
+    forwards still running then are waited for, untimed, before the ack."""
     import torch
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
@@ -690,35 +783,74 @@ def sync_engine_main(args, mode, req_q, ack_q, pid_q):
     params = dict(model.named_parameters())
     ids = torch.randint(1000, 100000, (8, 256), device="cuda:0")
     fwd = torch.cuda.Stream()
-    with torch.inference_mode():
-        model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    graph = capture_forward(torch, model, ids)
+    forwards = "graph" if graph is not None else "eager"
+
+    def enqueue_forwards():
+        # A graph's replay is one launch: the host goes on at once. Eager
+        # forwards fill the launch queue and hold the host until it drains.
+        fwd.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(fwd), torch.inference_mode():
+            fwd_start.record()
+            for _ in range(args.forwards):
+                if graph is not None:
+                    graph.replay()
+                else:
+                    model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            fwd_end.record()
+
+    fwd_start, fwd_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     pid_q.put(os.getpid())
     ack_q.put("ready")
-    started = False
+    profile = Profile(args.profile_dir, f"sync-{alloc_here()}-{mode}-{args.label or 'run'}")
+    started, step_no = False, 0
+    spent = dict.fromkeys(SYNC_PHASES, 0)
     while True:
+        t_wait = time.monotonic_ns()
         msg = req_q.get(timeout=args.timeout)
+        t_got = time.monotonic_ns()
+        spent["queue_wait"] += t_got - t_wait
         if msg is None:
             break
         if not started:
-            fwd.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(fwd), torch.inference_mode():
-                for _ in range(args.forwards):
-                    model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            if step_no == args.steps:  # the extra step, with --profile-dir
+                profile.start()
+            enqueue_forwards()
             started = True
+            spent["enqueue_forwards"] += time.monotonic_ns() - t_got
         if msg == "step":
+            t1 = time.monotonic_ns()
             torch.cuda.current_stream().synchronize()
-            ack_q.put("done")
+            copies_done = time.monotonic_ns()
+            spent["final_sync"] += copies_done - t1
+            fwd.synchronize()  # the step's forwards end before the next step starts (untimed)
+            profile.stop(f"engine, weight sync step {step_no + 1} of {args.steps}, {mode}, "
+                         f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}")
+            ack_q.put({**{f"engine_{k}_ms": v / 1e6 for k, v in spent.items()},
+                       "engine_forwards_gpu_ms": fwd_start.elapsed_time(fwd_end),
+                       "copies_done_ns": copies_done, "forwards": forwards})
+            spent = dict.fromkeys(SYNC_PHASES, 0)
             started = False
+            step_no += 1
             continue
+        t1 = time.monotonic_ns()
         obj = MultiprocessingSerializer.deserialize(msg)
+        t2 = time.monotonic_ns()
         named = (FlattenedTensorBucket(flattened_tensor=obj["flattened_tensor"],
                                        metadata=obj["metadata"]).reconstruct_tensors()
                  if isinstance(obj, dict) else obj)
+        t3 = time.monotonic_ns()
         with torch.no_grad():
             for name, t in named:
                 params[name].copy_(t)
+        t4 = time.monotonic_ns()
         del obj, named, t
+        t5 = time.monotonic_ns()
+        spent["deserialize"] += t2 - t1
+        spent["unflatten"] += t3 - t2
+        spent["copy"] += t4 - t3
+        spent["release"] += t5 - t4
     torch.cuda.synchronize()
 
 
@@ -748,6 +880,7 @@ def sync_run(args, alloc, mode):
         result["error"] = f"exit status: trainer {codes[0]}, engine {codes[1]}"
     if result["step_ms"]:
         result.update(summarize_steps(result["step_ms"], args.warmup))
+        result["phase_p50_ms"] = summarize_phases(result.get("phases_ms") or [], args.warmup)
     result["engine_stats"] = read_stats(pid) if pid else None
     return result
 
@@ -844,12 +977,41 @@ def report_sync(runs):
         lines.append(f"| {alloc} | {'per tensor' if mode == 'tensor' else 'buckets'} | {' / '.join(shown)} "
                      f"| {_fmt(ratio, '.2f')} |")
     lines.append("")
+    how = sorted({r.get("forwards") or "?" for run in runs for r in run["results"]})
+    lines.append(f"The engine's forwards during a step: {', '.join(how)} (graph: CUDA graphs, the host "
+                 "goes on at once; eager: the launch queue holds the host).")
+    lines.append("")
+    lines.extend(report_sync_phases(runs))
     for mode in SYNC_MODES:
         r = _ratio(with_lib.get(("expandable", mode)), with_lib.get(("legacy", mode)))
         if r is not None:
             lines.append(f"- {mode}: expandable / legacy, both with the library = {r:.2f} "
                          f"(target: at most 1.2: {'met' if r <= 1.2 else 'missed'})")
     return "\n".join(lines)
+
+
+def report_sync_phases(runs):
+    """Where a step goes: each phase's median, without / with / without."""
+    cells = {}
+    for run in runs:
+        for r in run["results"]:
+            cells.setdefault((r["alloc"], r["mode"]), []).append(r.get("phase_p50_ms") or {})
+    keys = [f"engine_{k}_ms" for k in SYNC_PHASES] + ["engine_forwards_gpu_ms", "trainer_serialize_ms"]
+    rows = []
+    for (alloc, mode), vals in cells.items():
+        if len(vals) != len(runs) or not any(vals):
+            continue
+        for k in keys:
+            shown = [_fmt(v.get(k), ".1f") for v in vals]
+            if len(shown) >= 2:
+                shown[1] = f"**{shown[1]}**"
+            rows.append(f"| {alloc} | {'per tensor' if mode == 'tensor' else 'buckets'} "
+                        f"| {k[:-3].replace('_', ' ')} | {' / '.join(shown)} |")
+    if not rows:
+        return []
+    return ["Where a step goes (host time, median of the timed steps, ms):", "",
+            "| allocator | weight sync | phase | without / **with** / without |",
+            "| --- | --- | --- | --- |", *rows, ""]
 
 
 def cmd_report(args):
