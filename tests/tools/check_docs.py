@@ -8,6 +8,8 @@ prints one line per problem (none: the check passes).
   once      each name on stdin (settings, stats keys) has one table row that
             names it in its first cell, in the README
   limits    each section of docs/limits.md is one line of the README's list
+  results   every results/ path the README and docs/performance.md name
+            (in code, a link or plain text) exists
   length    the README: at most 250 lines; no line but a table row over 120
   layers    docs/design.md's layer table lists shim/layers.txt's folders,
             in its order (peers in one row)
@@ -76,6 +78,22 @@ def check_paths():
                     not path.startswith("results/") else ROOT
                 if not (base / path).exists() and not (ROOT / path).exists():
                     print("%s: `%s` does not exist" % (doc.relative_to(ROOT), path))
+
+
+RESULTS_PATH = re.compile(r"(?<![\w/.-])(?:\.\./)?(results/[^\s`()\[\]|,;\"']*)")
+
+
+def check_results():
+    for doc in (ROOT / "README.md", ROOT / "docs" / "performance.md"):
+        if not doc.exists():
+            continue
+        for line in text_of(doc):
+            for path in RESULTS_PATH.findall(line):
+                path = path.rstrip(".:")
+                if re.search(r"[<*%{]", path):
+                    continue
+                if not (ROOT / path).exists():
+                    print("%s: %s does not exist" % (doc.relative_to(ROOT), path))
 
 
 def check_once(names):
@@ -179,7 +197,7 @@ def check_comments():
 
 def main(argv):
     checks = {"links": check_links, "paths": check_paths, "limits": check_limits,
-              "length": check_length, "comments": check_comments,
+              "length": check_length, "results": check_results, "comments": check_comments,
               "layers": check_layers,
               "once": lambda: check_once(sys.stdin.read().split())}
     if len(argv) != 1 or argv[0] not in checks:

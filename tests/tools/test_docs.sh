@@ -5,7 +5,8 @@
 # table is ipccache-config --markdown, every key of a real stats line is in
 # the README's table, and the man page's settings, stats keys and limits are
 # generated from those (tools/gen_man.py); each setting, key and limit is
-# written once; links and named paths resolve; the README stays under its
+# written once; links, named paths and the results/ paths of the README and
+# docs/performance.md resolve; the README stays under its
 # length; every version string agrees; every make target and every package
 # tests/setup.sh installs are in docs/testing.md; every result folder entry
 # is in results/README.md.
@@ -133,7 +134,7 @@ check "docs: ipccache-run --help says --strict means exit status 78" \
     eval 'tools/ipccache-run --help | tr -s " \n" " " | grep -q "error: exit status 78"'
 
 # --- the layout: links, paths, one owner, length ---------------------------------
-for what in links paths limits length comments layers; do
+for what in links paths results limits length comments layers; do
     python3 tests/tools/check_docs.py "$what" >"$tmp/diff" 2>&1
     check "docs: check_docs.py $what" test ! -s "$tmp/diff"
 done
@@ -150,6 +151,19 @@ check "docs: a comment naming a file that is gone fails" \
 check "docs: a comment citing a heading that is not there fails" \
     eval "grep -qx 'shim/a.c:1: cites README \"How it was\", which is no heading' \"$tmp/diff\" &&
           [[ \$(wc -l <\"$tmp/diff\") -eq 2 ]]"
+
+# A results/ path the README or docs/performance.md names that is not there fails.
+mkdir -p "$tmp/runs/tests/tools" "$tmp/runs/docs" "$tmp/runs/results/2026-01-01-gpu"
+cp tests/tools/check_docs.py "$tmp/runs/tests/tools/"
+: >"$tmp/runs/results/2026-01-01-gpu/summary.md"
+printf '| a | 1 | `results/2026-01-01-gpu/summary.md` |\n| b | 2 | results/2026-01-02-gpu/summary.md |\n' \
+    >"$tmp/runs/README.md"
+printf 'From [the run](../results/2026-01-01-gpu/summary.md), not `results/<date>-<gpu>/`.\n' \
+    >"$tmp/runs/docs/performance.md"
+python3 "$tmp/runs/tests/tools/check_docs.py" results >"$tmp/diff" 2>&1
+check "docs: a results/ path the README names that is not there fails" \
+    eval "grep -qx 'README.md: results/2026-01-02-gpu/summary.md does not exist' \"$tmp/diff\" &&
+          [[ \$(wc -l <\"$tmp/diff\") -eq 1 ]]"
 
 # --- make targets, prerequisites -------------------------------------------------
 # make help (the Makefile's header) is the one list of targets: each it names,
