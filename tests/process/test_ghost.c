@@ -552,22 +552,6 @@ Test(ghost, unlisted_handle_is_released_after_an_overflow, .timeout = 40)
     finish(&exp);
 }
 
-Test(ghost, helper_thread_only_for_exporters_with_the_library, .timeout = 40)
-{
-    /* An importer of memory whose exporter runs without the library starts no thread; one with it gets its helper. */
-    struct peer bare, exp, imp;
-    start(&bare, "bare", ENV("LD_PRELOAD="));
-    start_pair(&exp, &imp, NULL);
-    struct exported u = export(&bare, MIB), e = export(&exp, MIB);
-    import(&imp, &u, 1);
-    cr_assert_eq(threads_of(imp.pid), 1);
-    import(&imp, &e, 1);
-    cr_assert_eq(threads_of(imp.pid), 2);
-    finish(&imp);
-    finish(&exp);
-    finish(&bare);
-}
-
 Test(ghost, export_of_an_inner_pointer_lets_go_at_the_allocations_free, .timeout = 40)
 {
     /* A handle exported from a pointer inside an allocation is released when the allocation (its base) is freed. */
@@ -1053,22 +1037,102 @@ ParameterizedTest(int *kind, ghost, exporter_exit_releases_from_the_helper, .tim
     finish(&imp);
 }
 
-Test(ghost, vmm_idle_import_is_still_a_hit_before_the_release, .timeout = 40)
+/* The importer's stats line (written at its exit) shows value for key. */
+static void importer_stat_is(const char *key, uint64_t value)
 {
-    /* Until the exporter releases, the importer's second rebuild of the export is served from the cache. */
+    char stats[4096], *want = format("\"%s\":%llu,", key, (unsigned long long)value);
+    stats_of("importer", stats, sizeof(stats));
+    cr_assert_not_null(strstr(stats, want), "%s", stats);
+    free(want);
+}
+
+/* The stats key that counts a kind's import hits. */
+static const char *const hits_key[] = { [LEGACY] = "hits", [VMM] = "vmm_import_hits" };
+
+BOTH_KINDS(idle_import_is_still_a_hit_before_the_free)
+
+ParameterizedTest(int *kind, ghost, idle_import_is_still_a_hit_before_the_free, .timeout = 40)
+{
+    /* Until the exporter frees (VMM: releases), the importer's second open (VMM: rebuild) of it is served from the cache. */
     struct peer exp, imp;
     start_counted_pair(&exp, &imp);
-    struct vmm_exported e = vmm_export(&exp, 8 * MIB);
-    vmm_import(&imp, &e, 1);
-    vmm_import(&imp, &e, 1);
-    vmm_release(&exp, &e);
+    struct either e = export_by(*kind, &exp, 8 * MIB);
+    import_by(&imp, &e, 1);
+    import_by(&imp, &e, 1);
+    free_by(&exp, &e);
     cr_assert(eq(u64, phys(), 0));
     cr_assert_eq(finish(&imp), 0);
     finish(&exp);
+    importer_stat_is(hits_key[*kind], 1);
+}
+
+/* A counted pair (start_counted_pair) where the importer still maps 64 MiB
+ * of an allocation the exporter freed (VMM: released): a ghost. */
+static void start_with_a_ghost(int kind, struct peer *exp, struct peer *imp)
+{
+    start_counted_pair(exp, imp);
+    struct either e = export_by(kind, exp, 64 * MIB);
+    import_by(imp, &e, 0);
+    free_by(exp, &e);
+    cr_assert(eq(u64, phys(), 64 * MIB));
+}
+
+BOTH_KINDS(live_import_is_counted_in_ghost_bytes)
+
+ParameterizedTest(int *kind, ghost, live_import_is_counted_in_ghost_bytes, .timeout = 40)
+{
+    /* An import still mapped when its exporter frees (VMM: releases) is in the stats line's ghost_bytes. */
+    struct peer exp, imp;
+    start_with_a_ghost(*kind, &exp, &imp);
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
+    importer_stat_is("ghost_bytes", 64 * MIB);
+}
+
+BOTH_KINDS(fork_child_of_importer_counts_no_ghost_bytes)
+
+ParameterizedTest(int *kind, ghost, fork_child_of_importer_counts_no_ghost_bytes, .timeout = 40)
+{
+    /* The parent's import still mapped after its exporter freed (VMM: released) is the parent's ghost: a fork child's stats line counts none. */
+    struct peer exp, imp;
+    start_with_a_ghost(*kind, &exp, &imp);
+    cr_assert_eq(ok(&imp, ask(&imp, "fork_exit")), 0);
     char stats[4096];
     stats_of("importer", stats, sizeof(stats));
-    cr_assert_not_null(strstr(stats, "\"vmm_import_hits\":1,"), "%s", stats);
+    char *parent = format("\"pid\":%d,", (int)imp.pid);
+    cr_assert_null(strstr(stats, parent), "not the child's line: %s", stats);
+    free(parent);
+    importer_stat_is("ghost_bytes", 0); /* the child's line */
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
 }
+
+BOTH_KINDS(helper_and_release_only_for_exporters_with_the_library)
+
+ParameterizedTest(int *kind, ghost, helper_and_release_only_for_exporters_with_the_library,
+                  .timeout = 40)
+{
+    /* An exporter without the library lists nothing: its importer starts no thread, and the idle import stays until the importer exits, as before; an import from an exporter with the library gets the importer its helper. */
+    struct peer bare, exp, imp;
+    start(&bare, "bare", ENV("LD_PRELOAD="));
+    start_pair(&exp, &imp, NULL);
+    struct either u = export_by(*kind, &bare, 16 * MIB), e = export_by(*kind, &exp, 2 * MIB);
+    import_by(&imp, &u, 1);
+    cr_assert_eq(threads_of(imp.pid), 1);
+    free_by(&bare, &u);
+    cr_assert(eq(u64, phys(), 18 * MIB));
+    import_by(&imp, &e, 1);
+    cr_assert_eq(threads_of(imp.pid), 2);
+    free_by(&exp, &e);
+    cr_assert(eq(u64, phys(), 16 * MIB),
+              "the other exporter's free closed the bare one's idle import");
+    finish(&imp);
+    cr_assert(eq(u64, phys(), 0), "the importer's exit gives it back");
+    finish(&exp);
+    finish(&bare);
+}
+
+/* ---- the VMM path alone ---------------------------------------------------- */
 
 Test(ghost, vmm_release_during_the_importers_teardown_leaves_its_free_working, .timeout = 40)
 {
@@ -1088,56 +1152,6 @@ Test(ghost, vmm_release_during_the_importers_teardown_leaves_its_free_working, .
     cr_assert(eq(u64, phys(), 0));
     cr_assert_eq(finish(&imp), 0);
     cr_assert_eq(finish(&exp), 0);
-}
-
-Test(ghost, vmm_live_import_is_counted_in_ghost_bytes, .timeout = 40)
-{
-    /* An import still mapped when its exporter releases is in the stats line's ghost_bytes. */
-    struct peer exp, imp;
-    start_counted_pair(&exp, &imp);
-    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
-    vmm_import(&imp, &e, 0);
-    vmm_release(&exp, &e);
-    cr_assert(eq(u64, phys(), 64 * MIB));
-    cr_assert_eq(finish(&imp), 0);
-    finish(&exp);
-    char stats[4096];
-    stats_of("importer", stats, sizeof(stats));
-    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":67108864,"), "%s", stats);
-}
-
-Test(ghost, vmm_fork_child_of_importer_counts_no_ghost_bytes, .timeout = 40)
-{
-    /* The parent's import still mapped after its exporter released is the parent's ghost: a fork child's stats line counts none. */
-    struct peer exp, imp;
-    start_counted_pair(&exp, &imp);
-    struct vmm_exported e = vmm_export(&exp, 64 * MIB);
-    vmm_import(&imp, &e, 0);
-    vmm_release(&exp, &e);
-    cr_assert_eq(ok(&imp, ask(&imp, "fork_exit")), 0);
-    char stats[4096];
-    stats_of("importer", stats, sizeof(stats));
-    char *parent = format("\"pid\":%d,", (int)imp.pid);
-    cr_assert_null(strstr(stats, parent), "not the child's line: %s", stats);
-    free(parent);
-    cr_assert_not_null(strstr(stats, "\"ghost_bytes\":0,"), "the child's line: %s", stats);
-    cr_assert_eq(finish(&imp), 0);
-    finish(&exp);
-}
-
-Test(ghost, vmm_exporter_without_the_library_keeps_as_before, .timeout = 40)
-{
-    /* An exporter without the library lists nothing: no helper thread, and the idle import stays until the importer exits, as before. */
-    struct peer exp, imp;
-    start_pair(&exp, &imp, ENV("LD_PRELOAD="));
-    struct vmm_exported e = vmm_export(&exp, 16 * MIB);
-    vmm_import(&imp, &e, 1);
-    cr_assert_eq(threads_of(imp.pid), 1);
-    vmm_release(&exp, &e);
-    cr_assert(eq(u64, phys(), 16 * MIB));
-    finish(&imp);
-    cr_assert(eq(u64, phys(), 0), "the importer's exit gives it back");
-    finish(&exp);
 }
 
 Test(ghost, vmm_refused_kcmp_across_processes_keeps_as_before, .timeout = 40)

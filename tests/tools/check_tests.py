@@ -3,8 +3,9 @@
 
 For each tests/*/test_X.c given: it declares only the suite X (Test,
 ParameterizedTest, Theory, TestSuite), every test has a .timeout of its own
-or from its file's TestSuite, and no suite/test name is used twice across
-all the files. Prints each finding and exits 1 if there was one.
+or from its file's TestSuite, no two files declare the same suite, and no
+suite/test name is used twice across all the files. Prints each finding and
+exits 1 if there was one.
 """
 import os
 import re
@@ -21,9 +22,12 @@ def args_of(kind, text):
 
 
 def check(paths):
-    findings, seen = [], {}
+    findings, seen, suites = [], {}, {}
     for path in paths:
         suite = os.path.basename(path)[len("test_"):-len(".c")]
+        if suite in suites:
+            findings.append(f"{path}: suite {suite} also declared by {suites[suite]}")
+        suites.setdefault(suite, path)
         with open(path) as f:
             text = f.read()
         suite_timeout = False

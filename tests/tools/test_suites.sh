@@ -2,8 +2,9 @@
 #
 # test_suites.sh - the Criterion tests are named and bounded:
 # tests/tools/check_tests.py finds that each tests/*/test_X.c declares only
-# the suite X, no test name twice, and a timeout on every test (its own or its
-# suite's). Also checks that the check sees each of those planted.
+# the suite X, no suite in two files, no test name twice, and a timeout on
+# every test (its own or its suite's). Also checks that the check sees each of
+# those planted.
 
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -37,5 +38,10 @@ printf 'Test(one, x, .timeout = 5)\n{\n}\n' >"$tmp/b/test_one.c"
 cp "$tmp/b/test_one.c" "$tmp/b/again/test_one.c"
 check_tests "$tmp/b/test_one.c" "$tmp/b/again/test_one.c"
 check "suites: a test name used twice fails" grep -q 'one/x also at' "$tmp/out"
+
+printf 'Test(one, y, .timeout = 5)\n{\n}\n' >"$tmp/b/again/test_one.c"
+check_tests "$tmp/b/test_one.c" "$tmp/b/again/test_one.c"
+check "suites: two files declaring the same suite fail" \
+    grep -q 'suite one also declared by .*/b/test_one.c' "$tmp/out"
 
 tap_summary suites
