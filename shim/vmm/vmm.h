@@ -51,12 +51,12 @@ IPCC_HIDDEN void ipcc_vmm_fd_give_back(struct ipcc_vmm_table *t, int fd);
 
 /* ---- vmm_close.c: really releasing what the VMM table gave up ---------- */
 
-IPCC_HIDDEN void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted);
+IPCC_HIDDEN void ipcc_vmm_close_run(struct ipcc_vmm_ops *ops, int evicted);
 /* Kept chunks taken for unmapping and kept ranges for freeing, and the app's
  * calls that wait for them (vmm_close.c). */
-IPCC_HIDDEN void ipcc_vmm_ops_taken(const struct ipcc_vmm_ops *ops);
-IPCC_HIDDEN void ipcc_vmm_wait_under_way_in(uint64_t addr, uint64_t size);
-IPCC_HIDDEN void ipcc_vmm_under_way_reset(void);
+IPCC_HIDDEN void ipcc_vmm_close_taken(const struct ipcc_vmm_ops *ops);
+IPCC_HIDDEN void ipcc_vmm_close_wait(uint64_t addr, uint64_t size);
+IPCC_HIDDEN void ipcc_vmm_close_fork_child(void);
 
 /* ---- the release ledger on the VMM path (vmm_exporter.c, vmm_importer.c) ----
  * An exported POSIX fd is published as a tag: 64 bytes naming the exporter
@@ -66,9 +66,9 @@ IPCC_HIDDEN int ipcc_vmm_export_call(void *out, uint64_t handle, int type,
                                      unsigned long long flags);
 IPCC_HIDDEN void ipcc_vmm_exporter_release(uint64_t handle);
 IPCC_HIDDEN int ipcc_vmm_tag_fd(const void *tag);  /* -1: not a VMM tag */
-IPCC_HIDDEN void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t handle, int fd);
-IPCC_HIDDEN void ipcc_vmm_ghost_let_go(const void *tag);
-IPCC_HIDDEN void ipcc_vmm_ghost_after_release(void);
+IPCC_HIDDEN void ipcc_vmm_note_import(struct ipcc_vmm_table *t, uint64_t handle, int fd);
+IPCC_HIDDEN void ipcc_vmm_let_go(const void *tag);
+IPCC_HIDDEN void ipcc_vmm_after_release(void);
 IPCC_HIDDEN uint64_t ipcc_vmm_ghost_bytes(void);
 
 #endif

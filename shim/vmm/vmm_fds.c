@@ -68,7 +68,7 @@ static int claim(struct ipcc_vmm_table *t, rlim_t soft)
         if (ok)
             return 1;
         if (tries == 0 && bound > 0)
-            ipcc_evict_fds_over(bound - 1); /* idle ones first, oldest first */
+            ipcc_budget_evict_fds_over(bound - 1); /* idle ones first, oldest first */
     }
     say_full(bound, soft);
     return 0;
