@@ -1,6 +1,6 @@
 /*
  * budget.h - the one idle budget across both kinds: both tables, created
- * and reset together, their gauges and LRU order (tables.c), and its
+ * and reset together, their gauges and LRU order (budget_tables.c), and its
  * enforcement a batch at a time (idle_budget.c).
  */
 #ifndef IPCC_BUDGET_H
@@ -8,7 +8,7 @@
 
 #include "tables.h"
 
-/* ---- tables.c: the layer below both kinds; the one idle budget ----------- */
+/* ---- budget_tables.c: the layer below both kinds; the one idle budget ---- */
 
 IPCC_HIDDEN int ipcc_budget_start(void);
 /* The VMM table is made at the first import; the kind gives the file

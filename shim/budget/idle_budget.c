@@ -9,7 +9,7 @@
  * memory while it is mapped undefined; in practice it stays allocated), so
  * the caps bound what we keep.
  *
- * Knows only the tables (tables.c, tables/): it takes a batch under the
+ * Knows only the tables (budget_tables.c, tables/): it takes a batch under the
  * lock, drops the lock, then each kind really closes its own victims in its
  * own way, through the closers it registered: legacy mappings in their own
  * context (legacy_close.c), VMM orders with none needed (vmm_close.c). No

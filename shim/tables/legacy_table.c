@@ -398,7 +398,7 @@ int ipcc_legacy_over_caps(const struct ipcc_legacy_table *c, uint64_t max_bytes,
 
 /* When the least recently used idle entry went idle: 1 and *ns set, or 0
  * when nothing is idle. The budget shared with the VMM path compares it
- * with that path's oldest idle thing (tables.c). */
+ * with that path's oldest idle thing (budget_tables.c). */
 int ipcc_legacy_oldest_idle(const struct ipcc_legacy_table *c, uint64_t *ns)
 {
     if (!c->lru)

@@ -63,8 +63,8 @@ static __thread struct {
 
 /* ---- the table, fork ------------------------------------------------------ */
 
-/* The table (tables.c), once an import started it and caching is on; else
- * NULL. */
+/* The table (budget_tables.c), once an import started it and caching is
+ * on; else NULL. */
 static struct ipcc_vmm_table *active(void)
 {
     struct ipcc_vmm_table *t = ipcc_budget_vmm();
@@ -73,7 +73,7 @@ static struct ipcc_vmm_table *active(void)
     return t;
 }
 
-/* Fork child (lifecycle.c; tables.c forgets the table): the thread that
+/* Fork child (lifecycle.c; budget_tables.c forgets the table): the thread that
  * forked forgets what it imported in the parent. No CUDA. */
 void ipcc_vmm_fork_child(void)
 {

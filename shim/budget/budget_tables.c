@@ -1,11 +1,11 @@
 /*
- * tables.c - the layer below both kinds of mapping: it owns the legacy IPC
- * table (legacy_table.c) and the VMM table (vmm_table.c, vmm_ranges.c). It
- * creates them, forgets them in a fork child, totals their gauges for the
- * stats, and keeps the one idle budget: IPCCACHE_MAX_IDLE_BYTES and
- * IPCCACHE_MAX_IDLE_ENTRIES count idle legacy mappings and idle VMM imports
- * together, and the least recently used idle thing of either kind goes
- * first.
+ * budget_tables.c - the layer below both kinds of mapping: it owns the
+ * legacy IPC table (legacy_table.c) and the VMM table (vmm_table.c,
+ * vmm_ranges.c). It creates them, forgets them in a fork child, totals
+ * their gauges for the stats, and keeps the one idle budget:
+ * IPCCACHE_MAX_IDLE_BYTES and IPCCACHE_MAX_IDLE_ENTRIES count idle legacy
+ * mappings and idle VMM imports together, and the least recently used idle
+ * thing of either kind goes first.
  *
  * The kinds on top (legacy_calls.c, vmm_calls.c) find their table here;
  * idle_budget.c and the stats (through entry/wiring.c) know only this
