@@ -1,8 +1,9 @@
 /*
- * test_loans.c - entries lent to threads, the table alone: a thread's calls
- * on its loan, its loan taken back by itself and by other threads, an
- * owner's calls racing recalls, what a recall folds back (idle time, the top
- * list), lending with the budget full, and a fork child's slots.
+ * test_legacy_loans.c - entries lent to threads, the table alone: a
+ * thread's calls on its loan, its loan taken back by itself and by other
+ * threads, an owner's calls racing recalls, what a recall folds back (idle
+ * time, the top list), lending with the budget full, and a fork child's
+ * slots.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -27,7 +28,7 @@ static void teardown(void)
     ipcc_legacy_table_destroy(cache);
 }
 
-TestSuite(loans, .init = setup, .fini = teardown, .timeout = 10);
+TestSuite(legacy_loans, .init = setup, .fini = teardown, .timeout = 10);
 
 static unsigned char *handle(unsigned char tag)
 {
@@ -68,7 +69,7 @@ static int close_lent(unsigned char tag)
 }
 
 /* A thread's open and close of its loan answer without the table. */
-Test(loans, a_loan_answers_its_threads_calls)
+Test(legacy_loans, a_loan_answers_its_threads_calls)
 {
     take_and_borrow(1);
     cr_assert_eq(open_lent(1), 1);
@@ -80,7 +81,7 @@ Test(loans, a_loan_answers_its_threads_calls)
 
 /* Lending the thread another entry takes back its own loan; so does
  * returning it (a call whose order matters, or thread exit). */
-Test(loans, own_loan_comes_back)
+Test(legacy_loans, own_loan_comes_back)
 {
     take_and_borrow(1);
     take_and_borrow(2);
@@ -136,7 +137,7 @@ static void drop_context(size_t n)
 
 /* Dropping a context takes back other threads' loans of it (two threads,
  * two entries, one shared): their loans answer no more. */
-Test(loans, recall_takes_back_other_threads_loans)
+Test(legacy_loans, recall_takes_back_other_threads_loans)
 {
     pthread_t t[3];
     const long tags[3] = { 1, 2, 2 };
@@ -166,7 +167,7 @@ static void *borrow_again(void *arg)
 
 /* A loan lent again after another thread's recall answers its thread's
  * calls. */
-Test(loans, loan_lent_again_after_a_recall_answers)
+Test(legacy_loans, loan_lent_again_after_a_recall_answers)
 {
     pthread_t t;
     pthread_barrier_init(&step, NULL, 2);
@@ -222,7 +223,7 @@ static void *hit_while_recalled(void *arg)
  * after a recall fails, so none is lost or made on a loan already taken
  * back (which would crash the next recall). Afterwards the entry is idle
  * with every reference closed. */
-Test(loans, recalls_racing_an_owner_lose_no_update, .timeout = 60)
+Test(legacy_loans, recalls_racing_an_owner_lose_no_update, .timeout = 60)
 {
     uint64_t p;
     struct ipcc_legacy_key k;
@@ -296,7 +297,7 @@ static void idle_at(unsigned char tag, uint64_t now)
 /* An entry lent to two threads went idle at its latest close (30, by the
  * main thread, whose slot is recalled first), not at the other slot's older
  * one (10): entry 3, idle since 20 between them, is the one evicted. */
-Test(loans, recall_keeps_the_latest_close)
+Test(legacy_loans, recall_keeps_the_latest_close)
 {
     take_and_borrow(9); /* the main thread's slot comes first */
     idle_at(1, 1);
@@ -328,7 +329,7 @@ static uint64_t top_refs(void)
 
 /* A recalled loan's references show in the top list: the program holds
  * both (the one taken when lent and one more). */
-Test(loans, recall_shows_its_references_in_the_top_list)
+Test(legacy_loans, recall_shows_its_references_in_the_top_list)
 {
     struct ipcc_legacy_key k;
     uint64_t p;
@@ -353,7 +354,7 @@ static void *borrow_1(void *arg)
 
 /* An entry lent to one thread is lent to a second with the budget full: it
  * is counted idle once, already. */
-Test(loans, shared_entry_lent_with_the_budget_full)
+Test(legacy_loans, shared_entry_lent_with_the_budget_full)
 {
     in_thread(borrow_1);
     cr_assert_eq(take_and_borrow_full(1, 3), 1, "the second thread was not lent it");
@@ -365,7 +366,7 @@ Test(loans, shared_entry_lent_with_the_budget_full)
 /* After a fork the forking thread takes a slot of its own again: a thread of
  * the child lent one entry and the forking thread lent another count each
  * reference on its own entry. */
-Test(loans, fork_child_threads_keep_their_own_slots)
+Test(legacy_loans, fork_child_threads_keep_their_own_slots)
 {
     take_and_borrow(1); /* the forking thread's slot */
     ipcc_legacy_loan_fork_child(cache);
