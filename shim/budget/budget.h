@@ -1,7 +1,8 @@
 /*
  * budget.h - the one idle budget across both kinds: both tables, created
  * and reset together, their gauges and LRU order (budget_tables.c), and its
- * enforcement a batch at a time (idle_budget.c).
+ * enforcement a batch at a time (idle_budget.c). What only those two files
+ * share, the budget's LRU choice, is in budget_impl.h.
  */
 #ifndef IPCC_BUDGET_H
 #define IPCC_BUDGET_H
@@ -15,22 +16,14 @@ IPCC_HIDDEN int ipcc_budget_start(void);
  * comparisons its identities need (vmm_identity.c), since it sits above. */
 IPCC_HIDDEN struct ipcc_vmm_table *ipcc_budget_vmm_start(ipcc_vmm_cmp_fn cmp,
                                                          ipcc_vmm_same_fn same);
-IPCC_HIDDEN struct ipcc_legacy_table *ipcc_budget_legacy(void);          /* legacy; NULL before start */
+IPCC_HIDDEN struct ipcc_legacy_table *ipcc_budget_legacy(void); /* NULL before start */
 IPCC_HIDDEN struct ipcc_vmm_table *ipcc_budget_vmm(void);  /* NULL until an import */
 IPCC_HIDDEN void ipcc_budget_fork_child(void);
 IPCC_HIDDEN void ipcc_budget_gauges(struct ipcc_budget_gauges *out);
 IPCC_HIDDEN void ipcc_budget_top(struct ipcc_top_slot *out);
 
-/* What an eviction keeps to: the caps, or nothing at all (all). */
-struct ipcc_budget {
-    uint64_t max_bytes, max_entries;
-    int all;
-};
-IPCC_HIDDEN int ipcc_budget_over(uint64_t max_bytes, uint64_t max_entries);
 IPCC_HIDDEN void ipcc_budget_room(uint64_t max_bytes, uint64_t max_entries, uint64_t *room_bytes,
                                   uint64_t *room_entries);
-IPCC_HIDDEN size_t ipcc_budget_take_idle(const struct ipcc_budget *b, struct ipcc_legacy_victim *out,
-                                         size_t cap, size_t *nout, struct ipcc_vmm_ops *ops);
 
 /* ---- idle_budget.c: the one budget, enforced for both kinds -------------------- */
 

@@ -16,7 +16,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "budget.h"
+#include "budget_impl.h"
 
 static struct ipcc_legacy_table *_Atomic legacy;
 static struct ipcc_vmm_table *_Atomic vmm;

@@ -15,7 +15,7 @@
  * context (legacy_close.c), VMM orders with none needed (vmm_close.c). No
  * lock is held across a driver call.
  */
-#include "budget.h"
+#include "budget_impl.h"
 
 #define BATCH 32
 

@@ -3,7 +3,7 @@
  * idle mappings (ledger.c: the file, exports and importer slots;
  * ledger_request.c: requests and answers; ledger_helper.c: the importer's
  * helper thread, which hands each let-go to the kinds that registered).
- * ledger_impl.h is the file's layout, private to the first two.
+ * ledger_impl.h is the file's layout, private to the folder.
  */
 #ifndef IPCC_RELEASE_LEDGER_H
 #define IPCC_RELEASE_LEDGER_H
@@ -23,7 +23,6 @@ IPCC_HIDDEN int ipcc_ledger_register(void);
 IPCC_HIDDEN void ipcc_ledger_unregister(int slot);
 IPCC_HIDDEN void ipcc_ledger_name_helper(int slot, int32_t tid);
 IPCC_HIDDEN void ipcc_ledger_watch(int slot, int32_t exporter_pid);
-IPCC_HIDDEN void ipcc_ledger_unwatch(int slot, int32_t exporter_pid);
 IPCC_HIDDEN uint32_t ipcc_ledger_doorbell(int slot);
 IPCC_HIDDEN void ipcc_ledger_sleep(int slot, uint32_t seen, uint64_t ns);
 

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ledger.h"
+#include "ledger_impl.h"
 #include "stats.h"
 
 static int seen_oom;

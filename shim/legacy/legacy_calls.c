@@ -18,7 +18,7 @@
 
 #include <cuda.h>
 
-#include "legacy.h"
+#include "legacy_impl.h"
 #include "budget.h"
 #include "ledger.h"
 

@@ -8,7 +8,7 @@
 #include <cuda.h>
 #include <sched.h>
 
-#include "legacy.h"
+#include "legacy_impl.h"
 
 typedef CUresult (*close_fn)(CUdeviceptr);
 
@@ -134,11 +134,13 @@ void ipcc_legacy_close_fork_child(void)
         closing[s].used = 0;
 }
 
+static void close_victims(const struct ipcc_legacy_victim *v, size_t n, int evicted);
+
 /* Closes victims the caller took from the table under the lock and listed
  * as closing before it unlocked; unlists them after. */
 void ipcc_legacy_close_run(const struct ipcc_legacy_victim *v, size_t n, int evicted)
 {
-    ipcc_legacy_close_victims(v, n, evicted);
+    close_victims(v, n, evicted);
     if (n == 0)
         return;
     ipcc_lock();
@@ -204,7 +206,7 @@ static enum close_outcome close_in_context(close_fn real, const struct ipcc_lega
 /* Closes each victim's mapping; failures are expected only when the driver
  * is already gone (exit), so they are logged at debug level. A victim whose
  * context died meanwhile died with it: counted as an invalidation. */
-void ipcc_legacy_close_victims(const struct ipcc_legacy_victim *v, size_t n, int evicted)
+static void close_victims(const struct ipcc_legacy_victim *v, size_t n, int evicted)
 {
     close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
     if (!real)

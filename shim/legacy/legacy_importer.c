@@ -9,7 +9,7 @@
  * The table lock is held only to take entries or update the set, never
  * across a driver call.
  */
-#include "legacy.h"
+#include "legacy_impl.h"
 #include "budget.h"
 #include "ledger.h"
 

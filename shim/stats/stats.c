@@ -210,7 +210,7 @@ static void put_top(struct ipcc_out *o, uint64_t now_ns)
 }
 
 /* Formats the whole line, newline included; returns its length. */
-size_t ipcc_stats_format(char *buf, size_t cap)
+static size_t format_stats(char *buf, size_t cap)
 {
     struct ipcc_out o = { buf, cap - 2, 0 };
     put_str(&o, "{\"schema\":");
@@ -277,7 +277,7 @@ static int open_destination(void)
 void ipcc_stats_write_line(void)
 {
     char line[LINE_MAX_BYTES];
-    size_t len = ipcc_stats_format(line, sizeof(line));
+    size_t len = format_stats(line, sizeof(line));
     int fd = open_destination();
     ssize_t ignored = write(fd >= 0 ? fd : STDERR_FILENO, line, len);
     (void)ignored;

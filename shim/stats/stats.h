@@ -86,6 +86,5 @@ IPCC_HIDDEN void ipcc_stats_reset(void);
 IPCC_HIDDEN void ipcc_stats_fork_child(void); /* counters zeroed, then the marker */
 IPCC_HIDDEN void ipcc_stats_install_handler(void);
 IPCC_HIDDEN void ipcc_stats_write_line(void);
-IPCC_HIDDEN size_t ipcc_stats_format(char *buf, size_t cap);
 
 #endif

@@ -390,7 +390,7 @@ enum ipcc_release_result ipcc_legacy_release(struct ipcc_legacy_table *c, uint64
 
 /* Whether idle mappings exceed either cap. Reads only the gauges, so it is
  * also a cheap check without the lock. */
-int ipcc_legacy_over_caps(const struct ipcc_legacy_table *c, uint64_t max_bytes, uint64_t max_entries)
+static int over_caps(const struct ipcc_legacy_table *c, uint64_t max_bytes, uint64_t max_entries)
 {
     return atomic_load_explicit(&c->gauges.idle_bytes, memory_order_relaxed) > max_bytes ||
            atomic_load_explicit(&c->gauges.idle, memory_order_relaxed) > max_entries;
@@ -415,7 +415,7 @@ size_t ipcc_legacy_evict(struct ipcc_legacy_table *c, uint64_t max_idle_bytes,
 {
     size_t n = 0;
     recall_all(c);
-    while (n < cap && c->lru && ipcc_legacy_over_caps(c, max_idle_bytes, max_idle_entries))
+    while (n < cap && c->lru && over_caps(c, max_idle_bytes, max_idle_entries))
         remove_entry(c, c->lru, out, cap, &n);
     return n;
 }

@@ -19,8 +19,6 @@ struct ipcc_legacy_key {
     uint32_t zero_pad2;
 };
 
-struct ipcc_entry;
-
 /* An entry removed from the table whose mapping the caller must really close
  * (eviction, exit) or forget (context gone). */
 struct ipcc_legacy_victim {
@@ -70,8 +68,6 @@ IPCC_HIDDEN int ipcc_legacy_oldest_idle(const struct ipcc_legacy_table *c, uint6
 IPCC_HIDDEN size_t ipcc_legacy_evict(struct ipcc_legacy_table *c, uint64_t max_idle_bytes,
                                     uint64_t max_idle_entries,
                                     struct ipcc_legacy_victim *out, size_t cap);
-IPCC_HIDDEN int ipcc_legacy_over_caps(const struct ipcc_legacy_table *c, uint64_t max_bytes,
-                                     uint64_t max_entries);
 IPCC_HIDDEN size_t ipcc_legacy_evict_other_contexts(struct ipcc_legacy_table *c, uint64_t keep_ctx_id,
                                                    struct ipcc_legacy_victim *out, size_t cap);
 IPCC_HIDDEN size_t ipcc_legacy_drop_context(struct ipcc_legacy_table *c, uint64_t ctx_id,

@@ -30,7 +30,7 @@
 
 #include <cuda.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 #include "budget.h"
 
 #define RECENT_MAX 512 /* imports remembered per thread until its next reserve */

@@ -14,7 +14,7 @@
 
 #include <cuda.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 #include "budget.h"
 
 typedef CUresult (*range_fn)(CUdeviceptr, size_t);

@@ -24,7 +24,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 #include "budget.h"
 
 #define SHARE_OF_LIMIT 8 /* kept dups: at most 1/8 of the soft limit */

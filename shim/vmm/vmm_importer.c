@@ -32,7 +32,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 #include "budget.h"
 #include "ledger.h"
 
