@@ -173,8 +173,8 @@ static int take_oldest(struct ipcc_legacy_victim *out, size_t *nout, struct ipcc
  * teardowns to ops. Returns how many things were taken: cap means the
  * caller should come back for more once it has closed these.
  */
-size_t ipcc_budget_take_idle(const struct ipcc_budget *b, struct ipcc_legacy_victim *out, size_t cap,
-                             size_t *nout, struct ipcc_vmm_ops *ops)
+size_t ipcc_budget_take_idle(const struct ipcc_budget *b, struct ipcc_legacy_victim *out,
+                             size_t cap, size_t *nout, struct ipcc_vmm_ops *ops)
 {
     size_t taken = 0;
     *nout = 0;

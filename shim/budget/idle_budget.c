@@ -28,8 +28,8 @@ void ipcc_budget_register(const struct ipcc_budget_closers *c)
 
 /* What one batch takes under the lock: legacy victims into out[] (*nout),
  * VMM orders into ops; returns how many things it took. */
-typedef size_t (*take_fn)(const void *arg, struct ipcc_legacy_victim *out, size_t cap, size_t *nout,
-                          struct ipcc_vmm_ops *ops);
+typedef size_t (*take_fn)(const void *arg, struct ipcc_legacy_victim *out, size_t cap,
+                          size_t *nout, struct ipcc_vmm_ops *ops);
 
 /* Takes and closes a batch at a time until a batch comes back short.
  * Returns how many things were taken. */
@@ -68,8 +68,8 @@ void ipcc_budget_evict_over_caps(void)
 
 /* Under the lock: the VMM path's idle things, least recently used first,
  * while it keeps more dups than *arg (each cached import keeps one). */
-static size_t take_for_fds(const void *arg, struct ipcc_legacy_victim *out, size_t cap, size_t *nout,
-                           struct ipcc_vmm_ops *ops)
+static size_t take_for_fds(const void *arg, struct ipcc_legacy_victim *out, size_t cap,
+                           size_t *nout, struct ipcc_vmm_ops *ops)
 {
     (void)out; /* legacy mappings keep no fd */
     struct ipcc_vmm_table *t = ipcc_budget_vmm();
@@ -107,7 +107,8 @@ static size_t take_other_contexts(const void *arg, struct ipcc_legacy_victim *ou
                                   size_t *nout, struct ipcc_vmm_ops *ops)
 {
     (void)ops; /* VMM imports belong to no context */
-    *nout = ipcc_legacy_evict_other_contexts(ipcc_budget_legacy(), *(const uint64_t *)arg, out, cap);
+    *nout = ipcc_legacy_evict_other_contexts(ipcc_budget_legacy(), *(const uint64_t *)arg, out,
+                                             cap);
     return *nout;
 }
 

@@ -149,7 +149,7 @@ static CUresult open_miss(open_fn real, const struct ipcc_legacy_key *key, void 
     uint64_t bytes = mapping_bytes(dptr);
     ipcc_lock();
     int inserted = ipcc_legacy_insert(ipcc_budget_legacy(), key, ctx, dptr, bytes, ipcc_clock_ns(),
-                                     &cached);
+                                      &cached);
     if (inserted >= 0)
         lend_here();
     ipcc_unlock();
@@ -297,7 +297,8 @@ int ipcc_legacy_close_call(uint64_t dptr)
     if (!cached)
         return passthrough_close(real, (CUdeviceptr)dptr);
 
-    const struct ipcc_legacy_victim self = { NULL, ctx_id, dptr, 0 }; /* listed, never closed as a victim */
+    /* listed, never closed as a victim */
+    const struct ipcc_legacy_victim self = { NULL, ctx_id, dptr, 0 };
     ipcc_lock();
     enum ipcc_release_result r =
         ipcc_legacy_release(ipcc_budget_legacy(), ctx_id, dptr, ipcc_clock_ns());

@@ -172,8 +172,8 @@ static void lend_to_slot(struct ipcc_legacy_table *c, struct ipcc_entry *e, stru
  * (to other threads: counted once). The thread's previous loan comes back
  * first. Returns 1 when lent.
  */
-int ipcc_legacy_loan_lend_recent(struct ipcc_legacy_table *c, uint64_t now_ns, uint64_t room_entries,
-                           uint64_t room_bytes)
+int ipcc_legacy_loan_lend_recent(struct ipcc_legacy_table *c, uint64_t now_ns,
+                                 uint64_t room_entries, uint64_t room_bytes)
 {
     struct ipcc_entry *e = recent_entry(c);
     if (!e || !lendable(e))

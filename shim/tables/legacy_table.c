@@ -146,7 +146,8 @@ static void remove_entry(struct ipcc_legacy_table *c, struct ipcc_entry *e,
 struct ipcc_legacy_table *ipcc_legacy_table_create(void)
 {
     /* Aligned as its mirror slots are, a line each. */
-    struct ipcc_legacy_table *c = aligned_alloc(_Alignof(struct ipcc_legacy_table), sizeof(struct ipcc_legacy_table));
+    struct ipcc_legacy_table *c =
+        aligned_alloc(_Alignof(struct ipcc_legacy_table), sizeof(struct ipcc_legacy_table));
     if (c)
         memset(c, 0, sizeof(*c));
     return c;
@@ -176,7 +177,7 @@ void ipcc_legacy_table_destroy(struct ipcc_legacy_table *c)
 /* Builds a key with every byte defined (the hash covers padding too) and
  * hashes it here, so the caller can do it before taking the lock. */
 void ipcc_legacy_key_init(struct ipcc_legacy_key *k, uint64_t ctx_id, const void *handle,
-                   uint32_t flags)
+                          uint32_t flags)
 {
     k->ctx_id = ctx_id;
     k->flags = flags;
@@ -256,7 +257,8 @@ int ipcc_legacy_find_recent(struct ipcc_legacy_table *c, uint64_t *dptr)
 
 /* Records k as another key of e, with one reference: 0, or -1 when out of
  * memory (nothing recorded). */
-static int add_alias(struct ipcc_legacy_table *c, struct ipcc_entry *e, const struct ipcc_legacy_key *k)
+static int add_alias(struct ipcc_legacy_table *c, struct ipcc_entry *e,
+                     const struct ipcc_legacy_key *k)
 {
     struct ipcc_alias *a = ipcc_mem_calloc(1, sizeof(*a));
     if (!a)
@@ -288,8 +290,8 @@ static int add_alias(struct ipcc_legacy_table *c, struct ipcc_entry *e, const st
  * (nothing cached).
  */
 int ipcc_legacy_insert(struct ipcc_legacy_table *c, const struct ipcc_legacy_key *k, void *ctx,
-                      uint64_t dptr, uint64_t bytes, uint64_t now_ns,
-                      uint64_t *cached_dptr)
+                       uint64_t dptr, uint64_t bytes, uint64_t now_ns,
+                       uint64_t *cached_dptr)
 {
     if (ipcc_legacy_find(c, k, cached_dptr))
         return 0;
@@ -360,7 +362,7 @@ static void close_outside_slots(struct ipcc_entry *e, uint64_t now_ns)
  * reference it took outside the cache (or none), so the caller gives the
  * cache's own reference back and lets the driver answer the close. */
 enum ipcc_release_result ipcc_legacy_release(struct ipcc_legacy_table *c, uint64_t ctx_id,
-                                            uint64_t dptr, uint64_t now_ns)
+                                             uint64_t dptr, uint64_t now_ns)
 {
     lent_floor(now_ns);
     struct ipcc_entry *e = find_ptr(c, ctx_id, dptr);
@@ -411,7 +413,7 @@ int ipcc_legacy_oldest_idle(const struct ipcc_legacy_table *c, uint64_t *ns)
  * victims are collected) and describes them in out[]; the caller closes them.
  * Returns how many were removed. UINT64_MAX caps evict everything idle. */
 size_t ipcc_legacy_evict(struct ipcc_legacy_table *c, uint64_t max_idle_bytes,
-                        uint64_t max_idle_entries, struct ipcc_legacy_victim *out, size_t cap)
+                         uint64_t max_idle_entries, struct ipcc_legacy_victim *out, size_t cap)
 {
     size_t n = 0;
     recall_all(c);
@@ -423,7 +425,7 @@ size_t ipcc_legacy_evict(struct ipcc_legacy_table *c, uint64_t max_idle_bytes,
 /* Removes idle entries of every context but keep_ctx_id (at most cap) and
  * describes them in out[]; the caller closes them. */
 size_t ipcc_legacy_evict_other_contexts(struct ipcc_legacy_table *c, uint64_t keep_ctx_id,
-                                       struct ipcc_legacy_victim *out, size_t cap)
+                                        struct ipcc_legacy_victim *out, size_t cap)
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
@@ -440,7 +442,7 @@ size_t ipcc_legacy_evict_other_contexts(struct ipcc_legacy_table *c, uint64_t ke
 /* Forgets every entry of a context that no longer exists (its mappings died
  * with it). Returns how many; the first cap are described in out[]. */
 size_t ipcc_legacy_drop_context(struct ipcc_legacy_table *c, uint64_t ctx_id,
-                           struct ipcc_legacy_victim *out, size_t cap)
+                                struct ipcc_legacy_victim *out, size_t cap)
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
@@ -490,8 +492,8 @@ const struct ipcc_top_slot *ipcc_legacy_table_top(const struct ipcc_legacy_table
  * *live_bytes the bytes of its entries still referenced (left in place).
  * Used when the exporter frees that allocation. */
 size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *handle,
-                                      struct ipcc_legacy_victim *out, size_t cap,
-                                      uint64_t *live_bytes)
+                                       struct ipcc_legacy_victim *out, size_t cap,
+                                       uint64_t *live_bytes)
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
