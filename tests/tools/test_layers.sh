@@ -108,8 +108,8 @@ put "$t" high/high.c '#include "low_impl.h"\nvoid high(void) { low_inner(); }\n'
 check "layers: an include of another folder's private header fails" \
     finds "check_layers: include of another folder's private header high/high -> low/low_impl.h"
 
-# low.h declares low_inner, which only low/ uses: its place is low_impl.h. A
-# name a test uses (tests/) stays.
+# The low folder's interface declares low_inner, which only low/ uses: its
+# place is the folder's private header. A name a test uses (tests/) stays.
 plant "$t" high,mid,low
 put "$t" low/low.h '#define IPCC_HIDDEN\nIPCC_HIDDEN void low(void);\nIPCC_HIDDEN void low_inner(void);\n'
 put "$t" low/low.c '#include "low.h"\nvoid low(void) { low_inner(); }\nvoid low_inner(void) { }\n'
