@@ -18,11 +18,9 @@
 #define IPCC_HIDDEN __attribute__((visibility("hidden")))
 #define IPCC_EXPORT __attribute__((visibility("default")))
 
-/* The driver's status codes we produce ourselves (the rest are passed back). */
-#define IPCC_CUDA_SUCCESS 0
-#define IPCC_CUDA_ERROR_INVALID_VALUE 1
-/* CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND: without a driver there is
- * nothing to forward to (hooks.c checks it against cuda.h). */
+/* The driver's status code we produce ourselves when there is no driver:
+ * CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, nothing to forward to (hooks.c
+ * checks it against cuda.h). */
 #define IPCC_CUDA_NO_DRIVER 302
 
 /* The one clock: CLOCK_MONOTONIC is the same in every process, so the
@@ -129,7 +127,6 @@ IPCC_HIDDEN const struct ipcc_setting *ipcc_config_table(size_t *count);
 
 IPCC_HIDDEN void ipcc_log(enum ipcc_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-IPCC_HIDDEN void ipcc_log_set_level(enum ipcc_log_level level); /* the messages shown */
 
 /* ---- userdir.c: the per-user directory, and files opened safely -------- */
 

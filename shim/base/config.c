@@ -17,7 +17,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "base.h"
+#include "base_impl.h"
 
 #define DEFAULT_MAX_IDLE_BYTES (8ULL << 30)
 #define DEFAULT_MAX_IDLE_ENTRIES 4096

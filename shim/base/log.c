@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "base.h"
+#include "base_impl.h"
 
 #define MAX_MESSAGES 1000
 

@@ -9,13 +9,13 @@
  * memory while it is mapped undefined; in practice it stays allocated), so
  * the caps bound what we keep.
  *
- * Knows only the tables (tables.c, tables/): it takes a batch under the
+ * Knows only the tables (budget_tables.c, tables/): it takes a batch under the
  * lock, drops the lock, then each kind really closes its own victims in its
  * own way, through the closers it registered: legacy mappings in their own
  * context (legacy_close.c), VMM orders with none needed (vmm_close.c). No
  * lock is held across a driver call.
  */
-#include "budget.h"
+#include "budget_impl.h"
 
 #define BATCH 32
 
@@ -28,14 +28,14 @@ void ipcc_budget_register(const struct ipcc_budget_closers *c)
 
 /* What one batch takes under the lock: legacy victims into out[] (*nout),
  * VMM orders into ops; returns how many things it took. */
-typedef size_t (*take_fn)(const void *arg, struct ipcc_victim *out, size_t cap, size_t *nout,
-                          struct ipcc_vmm_ops *ops);
+typedef size_t (*take_fn)(const void *arg, struct ipcc_legacy_victim *out, size_t cap,
+                          size_t *nout, struct ipcc_vmm_ops *ops);
 
 /* Takes and closes a batch at a time until a batch comes back short.
  * Returns how many things were taken. */
 static size_t close_in_batches(take_fn take, const void *arg, int evicted)
 {
-    struct ipcc_victim victims[BATCH];
+    struct ipcc_legacy_victim victims[BATCH];
     size_t n, nlegacy, total = 0;
     do {
         struct ipcc_vmm_ops ops = { 0 };
@@ -51,25 +51,25 @@ static size_t close_in_batches(take_fn take, const void *arg, int evicted)
     return total;
 }
 
-static size_t take_idle(const void *arg, struct ipcc_victim *out, size_t cap, size_t *nout,
+static size_t take_idle(const void *arg, struct ipcc_legacy_victim *out, size_t cap, size_t *nout,
                         struct ipcc_vmm_ops *ops)
 {
-    return ipcc_tables_take_idle(arg, out, cap, nout, ops);
+    return ipcc_budget_take_idle(arg, out, cap, nout, ops);
 }
 
 /* Called by either kind after a call that left something idle; the common
  * case, under both caps, costs a few atomic loads and no lock. */
-void ipcc_evict_over_caps(void)
+void ipcc_budget_evict_over_caps(void)
 {
     const struct ipcc_budget b = { ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, 0 };
-    if (ipcc_tables_over_budget(b.max_bytes, b.max_entries))
+    if (ipcc_budget_over(b.max_bytes, b.max_entries))
         close_in_batches(take_idle, &b, 1);
 }
 
 /* Under the lock: the VMM path's idle things, least recently used first,
  * while it keeps more dups than *arg (each cached import keeps one). */
-static size_t take_for_fds(const void *arg, struct ipcc_victim *out, size_t cap, size_t *nout,
-                           struct ipcc_vmm_ops *ops)
+static size_t take_for_fds(const void *arg, struct ipcc_legacy_victim *out, size_t cap,
+                           size_t *nout, struct ipcc_vmm_ops *ops)
 {
     (void)out; /* legacy mappings keep no fd */
     struct ipcc_vmm_table *t = ipcc_budget_vmm();
@@ -82,14 +82,14 @@ static size_t take_for_fds(const void *arg, struct ipcc_victim *out, size_t cap,
 
 /* The VMM path is at its bound on kept fds (vmm_fds.c): idle imports give
  * theirs up until at most keep are left, or nothing is idle. */
-void ipcc_evict_fds_over(size_t keep)
+void ipcc_budget_evict_fds_over(size_t keep)
 {
     close_in_batches(take_for_fds, &keep, 1);
 }
 
 /* The driver is out of memory or handles: everything idle, of both kinds,
  * gives way (counted as evictions). */
-void ipcc_give_way_all(void)
+void ipcc_budget_give_way_all(void)
 {
     const struct ipcc_budget all = { 0, 0, 1 };
     close_in_batches(take_idle, &all, 1);
@@ -97,17 +97,18 @@ void ipcc_give_way_all(void)
 
 /* At exit, after the stats line: the application is done with idle things;
  * give the exporters their memory back while the driver is still up. */
-void ipcc_release_all_idle(void)
+void ipcc_budget_release_all(void)
 {
     const struct ipcc_budget all = { 0, 0, 1 };
     close_in_batches(take_idle, &all, 0);
 }
 
-static size_t take_other_contexts(const void *arg, struct ipcc_victim *out, size_t cap,
+static size_t take_other_contexts(const void *arg, struct ipcc_legacy_victim *out, size_t cap,
                                   size_t *nout, struct ipcc_vmm_ops *ops)
 {
     (void)ops; /* VMM imports belong to no context */
-    *nout = ipcc_cache_evict_other_contexts(ipcc_budget_legacy(), *(const uint64_t *)arg, out, cap);
+    *nout = ipcc_legacy_evict_other_contexts(ipcc_budget_legacy(), *(const uint64_t *)arg, out,
+                                             cap);
     return *nout;
 }
 
@@ -115,7 +116,7 @@ static size_t take_other_contexts(const void *arg, struct ipcc_victim *out, size
  * device; an idle legacy mapping we keep in another context would make an
  * open fail that succeeds without us. Closes every idle legacy mapping
  * outside keep_ctx_id; returns how many. */
-size_t ipcc_release_idle_elsewhere(uint64_t keep_ctx_id)
+size_t ipcc_budget_release_elsewhere(uint64_t keep_ctx_id)
 {
     return close_in_batches(take_other_contexts, &keep_ctx_id, 1);
 }

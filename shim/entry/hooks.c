@@ -57,7 +57,7 @@ IPCC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle ha
 IPCC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
     CUresult rc = (CUresult)ipcc_legacy_close_call((uint64_t)dptr);
-    ipcc_ghost_after_close();
+    ipcc_legacy_after_close();
     return rc;
 }
 
@@ -124,10 +124,10 @@ static CUresult destroy_context(int slot, CUcontext ctx)
         return IPCC_CUDA_NO_DRIVER;
     uint64_t id = 0;
     /* Only a process that cached something needs to look. */
-    int known = ctx && ipcc_budget_legacy() && ipcc_context_id(ctx, &id) == 0;
+    int known = ctx && ipcc_budget_legacy() && ipcc_legacy_context_id(ctx, &id) == 0;
     CUresult rc = real(ctx);
     if (rc == CUDA_SUCCESS && known)
-        ipcc_forget_context(id);
+        ipcc_legacy_forget_context(id);
     return rc;
 }
 
@@ -150,7 +150,7 @@ static CUresult primary_teardown(int slot, CUdevice dev)
         return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(dev);
     if (rc == CUDA_SUCCESS && ipcc_budget_legacy())
-        ipcc_sweep_dead_contexts();
+        ipcc_legacy_sweep_contexts();
     return rc;
 }
 
@@ -182,8 +182,8 @@ IPCC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
  * otherwise. */
 static CUresult after_vmm_idle(CUresult rc)
 {
-    if (ipcc_cache_has_lent())
-        ipcc_cache_lent_floor(ipcc_clock_ns());
+    if (ipcc_legacy_loan_held())
+        ipcc_legacy_loan_floor(ipcc_clock_ns());
     return rc;
 }
 

@@ -14,9 +14,9 @@
  * Each touches its own module's state only, safe when that was never used;
  * no CUDA call among them. */
 static void (*const fork_resets[])(void) = {
-    ipcc_tables_fork_child,           /* first: tables and loans emptied, kept dups closed */
-    ipcc_closing_reset,
-    ipcc_ghost_fork_child,
+    ipcc_budget_fork_child,           /* first: tables and loans emptied, kept dups closed */
+    ipcc_legacy_close_fork_child,
+    ipcc_legacy_importer_fork_child,
     ipcc_vmm_fork_child,
     ipcc_vmm_identity_fork_child,
     ipcc_legacy_exporter_fork_child,  /* the parent's exports are not the child's to free */
@@ -27,29 +27,29 @@ static void (*const fork_resets[])(void) = {
 };
 
 static const struct ipcc_life_hooks life = {
-    .start = ipcc_tables_start,
-    .release_idle = ipcc_release_all_idle,
+    .start = ipcc_budget_start,
+    .release_idle = ipcc_budget_release_all,
     .fork_child = fork_resets,
     .fork_children = sizeof(fork_resets) / sizeof(fork_resets[0]),
 };
 
 /* The idle budget closes what it evicts through the kinds' own closes. */
 static const struct ipcc_budget_closers closers = {
-    .legacy_taken = ipcc_closing_add,
-    .legacy_run = ipcc_close_listed_victims,
-    .vmm_taken = ipcc_vmm_ops_taken,
-    .vmm_run = ipcc_vmm_run_ops,
+    .legacy_taken = ipcc_legacy_close_taken,
+    .legacy_run = ipcc_legacy_close_run,
+    .vmm_taken = ipcc_vmm_close_taken,
+    .vmm_run = ipcc_vmm_close_run,
 };
 
 /* Both kinds' bytes still mapped after their exporter freed them. */
 static uint64_t ghost_bytes(void)
 {
-    return ipcc_ghost_bytes() + ipcc_vmm_ghost_bytes();
+    return ipcc_legacy_ghost_bytes() + ipcc_vmm_ghost_bytes();
 }
 
 static const struct ipcc_stats_sources stats = {
-    .gauges = ipcc_tables_gauges,
-    .top = ipcc_tables_top,
+    .gauges = ipcc_budget_gauges,
+    .top = ipcc_budget_top,
     .ghost_bytes = ghost_bytes,
 };
 
@@ -61,6 +61,6 @@ __attribute__((constructor(101))) static void wire_layers(void)
     ipcc_life_register(&life);
     ipcc_stats_register(&stats);
     ipcc_budget_register(&closers);
-    ipcc_ledger_helper_register(ipcc_vmm_ghost_let_go); /* first, as before */
-    ipcc_ledger_helper_register(ipcc_ghost_let_go);
+    ipcc_ledger_helper_register(ipcc_vmm_let_go); /* first, as before */
+    ipcc_ledger_helper_register(ipcc_legacy_let_go);
 }

@@ -3,7 +3,7 @@
  * idle mappings (ledger.c: the file, exports and importer slots;
  * ledger_request.c: requests and answers; ledger_helper.c: the importer's
  * helper thread, which hands each let-go to the kinds that registered).
- * ledger_impl.h is the file's layout, private to the first two.
+ * ledger_impl.h is the file's layout, private to the folder.
  */
 #ifndef IPCC_RELEASE_LEDGER_H
 #define IPCC_RELEASE_LEDGER_H
@@ -23,7 +23,6 @@ IPCC_HIDDEN int ipcc_ledger_register(void);
 IPCC_HIDDEN void ipcc_ledger_unregister(int slot);
 IPCC_HIDDEN void ipcc_ledger_name_helper(int slot, int32_t tid);
 IPCC_HIDDEN void ipcc_ledger_watch(int slot, int32_t exporter_pid);
-IPCC_HIDDEN void ipcc_ledger_unwatch(int slot, int32_t exporter_pid);
 IPCC_HIDDEN uint32_t ipcc_ledger_doorbell(int slot);
 IPCC_HIDDEN void ipcc_ledger_sleep(int slot, uint32_t seen, uint64_t ns);
 
@@ -47,7 +46,7 @@ IPCC_HIDDEN void ipcc_ledger_answer(int slot, const struct ipcc_ledger_ask *ask)
 
 /* ledger_helper.c: the importer's side, both kinds; each kind registers
  * what it closes when an exporter lets go of a handle (or a VMM tag). */
-IPCC_HIDDEN void ipcc_ghost_note_open(const void *handle);
+IPCC_HIDDEN void ipcc_ledger_note_import(const void *handle);
 IPCC_HIDDEN void ipcc_ledger_helper_register(void (*let_go)(const void *handle));
 IPCC_HIDDEN void ipcc_ledger_helper_fork_child(void); /* no helper, no slot, nothing seen */
 IPCC_HIDDEN int ipcc_ledger_helper_exiting(void);

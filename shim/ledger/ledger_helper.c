@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ledger.h"
+#include "ledger_impl.h"
 #include "stats.h"
 
 static int seen_oom;
@@ -321,7 +321,7 @@ static void record(const void *handle, struct ipcc_proc owner)
  * their idle mappings here. A handle the ledger does not know comes from an
  * exporter without the library (nothing will ask), unless some exporter
  * could not list its handles: then every exporter's frees ring us. */
-void ipcc_ghost_note_open(const void *handle)
+void ipcc_ledger_note_import(const void *handle)
 {
     if (ipcc_config.disabled || !ipcc_ledger_ready())
         return;

@@ -1,8 +1,9 @@
 /*
  * ledger_impl.h - layout of the release ledger, the one shared-memory file per
  * user through which exporters ask importers to let go of idle mappings.
- * Private to ledger.c, ledger_request.c and the ledger's unit test; the rest
- * of the library uses the functions declared in ledger.h.
+ * Private to the folder (ledger.c, ledger_request.c; ledger_helper.c uses
+ * only the unwatch) and the ledger's unit test; the rest of the library
+ * uses the functions declared in ledger.h.
  *
  * Every field another process may write is atomic; every slot is owned by
  * one process, named by pid and start time, and taken with a compare-and-swap
@@ -79,6 +80,10 @@ IPCC_HIDDEN struct ipcc_ledger_file *ipcc_ledger_file(void);
  * helper thread was named and still lives, run yet or not (an exec() ends
  * it and keeps the slot). */
 IPCC_HIDDEN int ipcc_ledger_helper_runs(struct ipcc_ledger_importer *s, int32_t pid);
+
+/* Undoes ipcc_ledger_watch (ledger.h) for an exporter the helper saw exit
+ * (ledger_helper.c). */
+IPCC_HIDDEN void ipcc_ledger_unwatch(int slot, int32_t exporter_pid);
 
 /* Futex words live in a shared file mapping: never the private variant. */
 IPCC_HIDDEN void ipcc_futex_wake(_Atomic uint32_t *word);

@@ -3,6 +3,7 @@
  * table (tables/legacy_table.c) in legacy_calls.c, the closes
  * of what it gave up (legacy_close.c), and the exporter's and importer's
  * sides of the release ledger (legacy_exporter.c, legacy_importer.c).
+ * What only the folder's own files share is in legacy_impl.h.
  */
 #ifndef IPCC_LEGACY_H
 #define IPCC_LEGACY_H
@@ -18,30 +19,25 @@
 IPCC_HIDDEN int ipcc_legacy_open_call(int slot, uint64_t *pdptr, const void *handle,
                                       unsigned flags);
 IPCC_HIDDEN int ipcc_legacy_close_call(uint64_t dptr);
-IPCC_HIDDEN int ipcc_context_id(void *ctx, uint64_t *id);
-IPCC_HIDDEN void ipcc_forget_context(uint64_t ctx_id);
-IPCC_HIDDEN void ipcc_sweep_dead_contexts(void);
+IPCC_HIDDEN int ipcc_legacy_context_id(void *ctx, uint64_t *id);
+IPCC_HIDDEN void ipcc_legacy_forget_context(uint64_t ctx_id);
+IPCC_HIDDEN void ipcc_legacy_sweep_contexts(void);
 
-/* ---- legacy_close.c: really closing legacy mappings given up ---------- */
+/* ---- legacy_close.c: the closers the idle budget runs (budget.h) -------- */
 
-IPCC_HIDDEN void ipcc_closing_add(const struct ipcc_victim *v, size_t n);
-IPCC_HIDDEN void ipcc_closing_remove(const struct ipcc_victim *v, size_t n);
-IPCC_HIDDEN int ipcc_closing_has(uint64_t ctx_id, uint64_t dptr);
-IPCC_HIDDEN void ipcc_closing_wait(uint64_t ctx_id, uint64_t dptr);
-IPCC_HIDDEN size_t ipcc_closing_wait_elsewhere(uint64_t keep_ctx_id);
-IPCC_HIDDEN void ipcc_closing_reset(void);
-IPCC_HIDDEN void ipcc_close_listed_victims(const struct ipcc_victim *v, size_t n, int evicted);
-IPCC_HIDDEN void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted);
+IPCC_HIDDEN void ipcc_legacy_close_taken(const struct ipcc_legacy_victim *v, size_t n);
+IPCC_HIDDEN void ipcc_legacy_close_run(const struct ipcc_legacy_victim *v, size_t n, int evicted);
+IPCC_HIDDEN void ipcc_legacy_close_fork_child(void);
 
 /* legacy_exporter.c: cuIpcGetMemHandle and cuMemFree{,_v2} of exported memory. */
 IPCC_HIDDEN int ipcc_legacy_export_call(void *handle, uint64_t dptr);
 IPCC_HIDDEN int ipcc_legacy_free_call(int slot, uint64_t dptr);
 
-/* legacy_importer.c: the legacy kind's part (vmm_importer.c: ipcc_vmm_ghost_*). */
-IPCC_HIDDEN void ipcc_ghost_let_go(const void *handle);
-IPCC_HIDDEN void ipcc_ghost_after_close(void);
-IPCC_HIDDEN uint64_t ipcc_ghost_bytes(void);
-IPCC_HIDDEN void ipcc_ghost_fork_child(void);
+/* legacy_importer.c: the legacy kind's part (vmm_importer.c: ipcc_vmm_let_go, ...). */
+IPCC_HIDDEN void ipcc_legacy_let_go(const void *handle);
+IPCC_HIDDEN void ipcc_legacy_after_close(void);
+IPCC_HIDDEN uint64_t ipcc_legacy_ghost_bytes(void);
+IPCC_HIDDEN void ipcc_legacy_importer_fork_child(void);
 IPCC_HIDDEN void ipcc_legacy_exporter_fork_child(void); /* forgets the parent's exports */
 
 #endif

@@ -18,7 +18,7 @@
 
 #include <cuda.h>
 
-#include "legacy.h"
+#include "legacy_impl.h"
 #include "budget.h"
 #include "ledger.h"
 
@@ -44,7 +44,7 @@ static int current_context_id(uint64_t *id)
     if (__builtin_expect(!get, 0)) {
         get = ipcc_driver()->ctx_get_id;
         if (!get)
-            return ipcc_context_id(NULL, id); /* says once that nothing is cached */
+            return ipcc_legacy_context_id(NULL, id); /* says once that nothing is cached */
         atomic_store_explicit(&get_id, get, memory_order_relaxed);
     }
     unsigned long long v;
@@ -119,15 +119,15 @@ static uint64_t mapping_bytes(uint64_t dptr)
  * cache they would have been gone before this open. */
 static int gave_way_elsewhere(uint64_t ctx_id)
 {
-    size_t closed = ipcc_release_idle_elsewhere(ctx_id);
-    return (closed + ipcc_closing_wait_elsewhere(ctx_id)) > 0;
+    size_t closed = ipcc_budget_release_elsewhere(ctx_id);
+    return (closed + ipcc_legacy_close_wait_elsewhere(ctx_id)) > 0;
 }
 
 /* Not cached: map for real, then record the mapping. If the table already
  * holds that mapping (another thread's miss on the same key got in first, or
  * another handle the driver resolved to the same pointer), share its entry
  * and give back the driver reference this call took: an entry holds one. */
-static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
+static CUresult open_miss(open_fn real, const struct ipcc_legacy_key *key, void *ctx,
                           CUdeviceptr *pdptr, CUipcMemHandle h, unsigned flags)
 {
     if (!ctx)
@@ -148,13 +148,13 @@ static CUresult open_miss(open_fn real, const struct ipcc_key *key, void *ctx,
     uint64_t dptr = *pdptr, cached = 0;
     uint64_t bytes = mapping_bytes(dptr);
     ipcc_lock();
-    int inserted = ipcc_cache_insert(ipcc_budget_legacy(), key, ctx, dptr, bytes, ipcc_clock_ns(),
-                                     &cached);
+    int inserted = ipcc_legacy_insert(ipcc_budget_legacy(), key, ctx, dptr, bytes, ipcc_clock_ns(),
+                                      &cached);
     if (inserted >= 0)
         lend_here();
     ipcc_unlock();
     if (inserted > 0)
-        ipcc_ghost_note_open(key->handle);
+        ipcc_ledger_note_import(key->handle);
     if (inserted == 0) {
         timed_real_close((close_fn)ipcc_real(IPCC_SLOT_CLOSE), dptr);
         *pdptr = cached;
@@ -194,7 +194,7 @@ static void return_at_thread_exit(void *watch)
 {
     *(int *)watch = WATCH_RAN;
     ipcc_lock();
-    ipcc_cache_return_lent(ipcc_budget_legacy(), 1);
+    ipcc_legacy_loan_return(ipcc_budget_legacy(), 1);
     ipcc_unlock();
 }
 
@@ -211,25 +211,25 @@ static void lend_here(void)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     static __thread int watched __attribute__((tls_model("initial-exec")));
     uint64_t room_bytes, room_entries;
-    if (!ipcc_cache_recent_lendable(ipcc_budget_legacy()))
+    if (!ipcc_legacy_loan_lendable(ipcc_budget_legacy()))
         return;
     pthread_once(&once, make_lent_key);
     if (!lent_key_made || watched == WATCH_RAN ||
         (watched == WATCH_NONE && pthread_setspecific(lent_key, &watched) != 0))
         return;
     watched = WATCH_ARMED;
-    ipcc_tables_room(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, &room_bytes,
+    ipcc_budget_room(ipcc_config.max_idle_bytes, ipcc_config.max_idle_entries, &room_bytes,
                      &room_entries);
-    ipcc_cache_lend_recent(ipcc_budget_legacy(), ipcc_clock_ns(), room_entries, room_bytes);
+    ipcc_legacy_loan_lend_recent(ipcc_budget_legacy(), ipcc_clock_ns(), room_entries, room_bytes);
 }
 
 /* The thread's last hit again: no hash, no search. */
 static int open_recent(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags, uint64_t *dptr)
 {
-    if (!ipcc_cache_recent_is(ctx_id, h->reserved, flags))
+    if (!ipcc_legacy_recent_is(ctx_id, h->reserved, flags))
         return 0;
     ipcc_lock();
-    int hit = ipcc_cache_acquire_recent(ipcc_budget_legacy(), dptr);
+    int hit = ipcc_legacy_find_recent(ipcc_budget_legacy(), dptr);
     if (hit)
         lend_here();
     ipcc_unlock();
@@ -240,10 +240,10 @@ static int open_recent(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags,
 
 static int open_cached(uint64_t ctx_id, const CUipcMemHandle *h, unsigned flags, uint64_t *dptr)
 {
-    struct ipcc_key key;
-    ipcc_key_init(&key, ctx_id, h->reserved, flags);
+    struct ipcc_legacy_key key;
+    ipcc_legacy_key_init(&key, ctx_id, h->reserved, flags);
     ipcc_lock();
-    int hit = ipcc_cache_acquire(ipcc_budget_legacy(), &key, dptr);
+    int hit = ipcc_legacy_find(ipcc_budget_legacy(), &key, dptr);
     if (hit)
         lend_here();
     ipcc_unlock();
@@ -264,14 +264,14 @@ int ipcc_legacy_open_call(int slot, uint64_t *pdptr_u64, const void *handle_byte
         return open_uncached(slot, pdptr, h, flags);
 
     uint64_t dptr;
-    if (ipcc_cache_open_lent(ctx_id, h->reserved, flags, &dptr) ||
+    if (ipcc_legacy_loan_open(ctx_id, h->reserved, flags, &dptr) ||
         open_recent(ctx_id, h, flags, &dptr) || open_cached(ctx_id, h, flags, &dptr)) {
         IPCC_COUNT(hits);
         *pdptr = (CUdeviceptr)dptr;
         return CUDA_SUCCESS;
     }
-    struct ipcc_key key;
-    ipcc_key_init(&key, ctx_id, h->reserved, flags);
+    struct ipcc_legacy_key key;
+    ipcc_legacy_key_init(&key, ctx_id, h->reserved, flags);
     open_fn real = real_open(slot);
     return real ? open_miss(real, &key, current_context(), pdptr, *h, flags) : IPCC_CUDA_NO_DRIVER;
 }
@@ -287,7 +287,7 @@ int ipcc_legacy_close_call(uint64_t dptr)
      * torn down past us) finds nothing here: the driver answers it. */
     int cached = !ipcc_config.disabled && current_context_id(&ctx_id) == 0;
     /* The budget had room for it idle when it was lent: nothing to evict. */
-    if (cached && ipcc_cache_close_lent(ctx_id, dptr, ipcc_clock_coarse_ns())) {
+    if (cached && ipcc_legacy_loan_close(ctx_id, dptr, ipcc_clock_coarse_ns())) {
         IPCC_COUNT(close_cached);
         return CUDA_SUCCESS;
     }
@@ -297,18 +297,19 @@ int ipcc_legacy_close_call(uint64_t dptr)
     if (!cached)
         return passthrough_close(real, (CUdeviceptr)dptr);
 
-    const struct ipcc_victim self = { NULL, ctx_id, dptr, 0 }; /* listed, never closed as a victim */
+    /* listed, never closed as a victim */
+    const struct ipcc_legacy_victim self = { NULL, ctx_id, dptr, 0 };
     ipcc_lock();
     enum ipcc_release_result r =
-        ipcc_cache_release(ipcc_budget_legacy(), ctx_id, dptr, ipcc_clock_ns());
-    int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_closing_has(ctx_id, dptr);
+        ipcc_legacy_release(ipcc_budget_legacy(), ctx_id, dptr, ipcc_clock_ns());
+    int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_legacy_close_pending(ctx_id, dptr);
     if (r == IPCC_RELEASE_PAST_ZERO)
-        ipcc_closing_add(&self, 1);
+        ipcc_legacy_close_taken(&self, 1);
     ipcc_unlock();
     switch (r) {
     case IPCC_RELEASE_NOT_FOUND:
         if (closing)
-            ipcc_closing_wait(ctx_id, dptr);
+            ipcc_legacy_close_wait(ctx_id, dptr);
         return passthrough_close(real, (CUdeviceptr)dptr);
     case IPCC_RELEASE_PAST_ZERO:
         /* Every reference cached opens took is closed: this one is the
@@ -317,14 +318,14 @@ int ipcc_legacy_close_call(uint64_t dptr)
         IPCC_COUNT(close_past_zero);
         timed_real_close(real, (CUdeviceptr)dptr);
         ipcc_lock();
-        ipcc_closing_remove(&self, 1);
+        ipcc_legacy_close_untaken(&self, 1);
         ipcc_unlock();
         return count_result(real((CUdeviceptr)dptr));
     case IPCC_RELEASE_OK:
         break;
     }
     IPCC_COUNT(close_cached);
-    ipcc_evict_over_caps();
+    ipcc_budget_evict_over_caps();
     return CUDA_SUCCESS;
 }
 
@@ -332,19 +333,19 @@ int ipcc_legacy_close_call(uint64_t dptr)
 
 /* The context is gone and the driver unmapped its mappings with it: forget
  * them, closing nothing. */
-void ipcc_forget_context(uint64_t ctx_id)
+void ipcc_legacy_forget_context(uint64_t ctx_id)
 {
     if (!ipcc_budget_legacy())
         return;
     ipcc_lock();
-    size_t n = ipcc_cache_drop_ctx(ipcc_budget_legacy(), ctx_id, NULL, 0);
+    size_t n = ipcc_legacy_drop_context(ipcc_budget_legacy(), ctx_id, NULL, 0);
     ipcc_unlock();
     IPCC_ADD(invalidations, n);
 }
 
 /* After a primary context release or reset: drop the entries of every
  * context that no longer answers to its id. */
-void ipcc_sweep_dead_contexts(void)
+void ipcc_legacy_sweep_contexts(void)
 {
     enum { MAX_CONTEXTS = 64 };
     void *ctxs[MAX_CONTEXTS];
@@ -352,11 +353,11 @@ void ipcc_sweep_dead_contexts(void)
     if (!ipcc_budget_legacy())
         return;
     ipcc_lock();
-    size_t n = ipcc_cache_contexts(ipcc_budget_legacy(), ctxs, ids, MAX_CONTEXTS);
+    size_t n = ipcc_legacy_contexts(ipcc_budget_legacy(), ctxs, ids, MAX_CONTEXTS);
     ipcc_unlock();
     for (size_t i = 0; i < n; i++) {
         uint64_t id;
-        if (ipcc_context_id(ctxs[i], &id) < 0 || id != ids[i])
-            ipcc_forget_context(ids[i]);
+        if (ipcc_legacy_context_id(ctxs[i], &id) < 0 || id != ids[i])
+            ipcc_legacy_forget_context(ids[i]);
     }
 }

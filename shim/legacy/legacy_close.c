@@ -8,7 +8,7 @@
 #include <cuda.h>
 #include <sched.h>
 
-#include "legacy.h"
+#include "legacy_impl.h"
 
 typedef CUresult (*close_fn)(CUdeviceptr);
 
@@ -28,7 +28,7 @@ static void say_no_context_ids(void)
  * a reset primary context, never matches old entries. Without it a context
  * cannot be told from its successor at the same address, so nothing is
  * cached (-1: the caller passes the call through). */
-int ipcc_context_id(void *ctx, uint64_t *id)
+int ipcc_legacy_context_id(void *ctx, uint64_t *id)
 {
     const struct ipcc_driver *d = ipcc_driver();
     if (!d->ctx_get_id) {
@@ -59,7 +59,7 @@ static struct {
     int used;
 } closing[CLOSING_SLOTS];
 
-void ipcc_closing_add(const struct ipcc_victim *v, size_t n)
+void ipcc_legacy_close_taken(const struct ipcc_legacy_victim *v, size_t n)
 {
     for (size_t i = 0, s = 0; i < n; i++) {
         while (s < CLOSING_SLOTS && closing[s].used)
@@ -80,7 +80,7 @@ static int closing_slot(uint64_t ctx_id, uint64_t dptr)
     return -1;
 }
 
-void ipcc_closing_remove(const struct ipcc_victim *v, size_t n)
+void ipcc_legacy_close_untaken(const struct ipcc_legacy_victim *v, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         int s = closing_slot(v[i].ctx_id, v[i].dptr);
@@ -89,7 +89,7 @@ void ipcc_closing_remove(const struct ipcc_victim *v, size_t n)
     }
 }
 
-int ipcc_closing_has(uint64_t ctx_id, uint64_t dptr)
+int ipcc_legacy_close_pending(uint64_t ctx_id, uint64_t dptr)
 {
     return closing_slot(ctx_id, dptr) >= 0;
 }
@@ -98,20 +98,20 @@ int ipcc_closing_has(uint64_t ctx_id, uint64_t dptr)
  * exporter's request, a close past zero): the driver still holds the cache's
  * reference, so answering a close now would take it. Waits for that close;
  * it never waits on anything of ours. Called without the lock. */
-void ipcc_closing_wait(uint64_t ctx_id, uint64_t dptr)
+void ipcc_legacy_close_wait(uint64_t ctx_id, uint64_t dptr)
 {
     int listed;
     do {
         sched_yield();
         ipcc_lock();
-        listed = ipcc_closing_has(ctx_id, dptr);
+        listed = ipcc_legacy_close_pending(ctx_id, dptr);
         ipcc_unlock();
     } while (listed);
 }
 
 /* Waits for the closes other threads had in flight, when called, in any
  * context but keep_ctx_id's; returns how many. Called without the lock. */
-size_t ipcc_closing_wait_elsewhere(uint64_t keep_ctx_id)
+size_t ipcc_legacy_close_wait_elsewhere(uint64_t keep_ctx_id)
 {
     struct { uint64_t ctx_id, dptr; } in_flight[CLOSING_SLOTS];
     size_t n = 0;
@@ -123,26 +123,28 @@ size_t ipcc_closing_wait_elsewhere(uint64_t keep_ctx_id)
         }
     ipcc_unlock();
     for (size_t i = 0; i < n; i++)
-        ipcc_closing_wait(in_flight[i].ctx_id, in_flight[i].dptr);
+        ipcc_legacy_close_wait(in_flight[i].ctx_id, in_flight[i].dptr);
     return n;
 }
 
 /* Fork child: the closes in flight were the parent's threads'. */
-void ipcc_closing_reset(void)
+void ipcc_legacy_close_fork_child(void)
 {
     for (int s = 0; s < CLOSING_SLOTS; s++)
         closing[s].used = 0;
 }
 
+static void close_victims(const struct ipcc_legacy_victim *v, size_t n, int evicted);
+
 /* Closes victims the caller took from the table under the lock and listed
  * as closing before it unlocked; unlists them after. */
-void ipcc_close_listed_victims(const struct ipcc_victim *v, size_t n, int evicted)
+void ipcc_legacy_close_run(const struct ipcc_legacy_victim *v, size_t n, int evicted)
 {
-    ipcc_close_victims(v, n, evicted);
+    close_victims(v, n, evicted);
     if (n == 0)
         return;
     ipcc_lock();
-    ipcc_closing_remove(v, n);
+    ipcc_legacy_close_untaken(v, n);
     ipcc_unlock();
 }
 
@@ -156,13 +158,13 @@ enum close_outcome { CLOSED, FAILED, CONTEXT_GONE };
  * mappings are not ours to close (the driver unmapped ours with the old).
  * Asked of the current context (NULL), the one the close would act in, so
  * the answer never rests on what the driver says of a dead pointer. */
-static int victim_context_current(const struct ipcc_victim *v)
+static int victim_context_current(const struct ipcc_legacy_victim *v)
 {
     uint64_t id;
-    return ipcc_context_id(NULL, &id) == 0 && id == v->ctx_id;
+    return ipcc_legacy_context_id(NULL, &id) == 0 && id == v->ctx_id;
 }
 
-static enum close_outcome close_current(close_fn real, const struct ipcc_victim *v)
+static enum close_outcome close_current(close_fn real, const struct ipcc_legacy_victim *v)
 {
     if (!victim_context_current(v))
         return CONTEXT_GONE;
@@ -175,7 +177,7 @@ static enum close_outcome close_current(close_fn real, const struct ipcc_victim 
 
 /* Closes a victim in its own context, pushed for the call when it is not
  * the current one, and checked once current. */
-static enum close_outcome close_in_context(close_fn real, const struct ipcc_victim *v)
+static enum close_outcome close_in_context(close_fn real, const struct ipcc_legacy_victim *v)
 {
     const struct ipcc_driver *d = ipcc_driver();
     void *current = NULL;
@@ -189,7 +191,7 @@ static enum close_outcome close_in_context(close_fn real, const struct ipcc_vict
      * process at the next call (H200, driver 580): ask the pointer's id first
      * (a dead one is refused, a successor at its address has another id). */
     uint64_t id;
-    if (ipcc_context_id(v->ctx, &id) < 0 || id != v->ctx_id)
+    if (ipcc_legacy_context_id(v->ctx, &id) < 0 || id != v->ctx_id)
         return CONTEXT_GONE;
     int rc = d->ctx_push(v->ctx);
     if (rc != CUDA_SUCCESS)
@@ -204,7 +206,7 @@ static enum close_outcome close_in_context(close_fn real, const struct ipcc_vict
 /* Closes each victim's mapping; failures are expected only when the driver
  * is already gone (exit), so they are logged at debug level. A victim whose
  * context died meanwhile died with it: counted as an invalidation. */
-void ipcc_close_victims(const struct ipcc_victim *v, size_t n, int evicted)
+static void close_victims(const struct ipcc_legacy_victim *v, size_t n, int evicted)
 {
     close_fn real = (close_fn)ipcc_real(IPCC_SLOT_CLOSE);
     if (!real)

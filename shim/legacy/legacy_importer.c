@@ -2,14 +2,14 @@
  * legacy_importer.c - the importer's side of the release ledger for legacy
  * IPC mappings (vmm_importer.c is the VMM counterpart). The helper thread
  * (ledger_helper.c) learns that an exporter freed a handle and calls
- * ipcc_ghost_let_go: the idle mappings of that handle, in every context,
+ * ipcc_legacy_let_go: the idle mappings of that handle, in every context,
  * are closed; those the program still uses stay, and the handle is "doomed"
  * until the program's last close of it really closes it.
  *
  * The table lock is held only to take entries or update the set, never
  * across a driver call.
  */
-#include "legacy.h"
+#include "legacy_impl.h"
 #include "budget.h"
 #include "ledger.h"
 
@@ -19,7 +19,7 @@
 static struct ipcc_keyset doomed;
 static _Atomic uint64_t ghost;
 
-uint64_t ipcc_ghost_bytes(void)
+uint64_t ipcc_legacy_ghost_bytes(void)
 {
     return atomic_load_explicit(&ghost, memory_order_relaxed);
 }
@@ -27,14 +27,14 @@ uint64_t ipcc_ghost_bytes(void)
 /* Closes victims one by one until our exit began; those left are unlisted
  * (a close by the program must not wait for them) and left to the
  * process's end. Returns how many were closed. */
-static size_t close_until_exit(const struct ipcc_victim *v, size_t n)
+static size_t close_until_exit(const struct ipcc_legacy_victim *v, size_t n)
 {
     size_t done = 0;
     for (; done < n && !ipcc_ledger_helper_exiting(); done++)
-        ipcc_close_listed_victims(&v[done], 1, 0);
+        ipcc_legacy_close_run(&v[done], 1, 0);
     if (done < n) {
         ipcc_lock();
-        ipcc_closing_remove(v + done, n - done);
+        ipcc_legacy_close_untaken(v + done, n - done);
         ipcc_unlock();
     }
     return done;
@@ -43,7 +43,7 @@ static size_t close_until_exit(const struct ipcc_victim *v, size_t n)
 /* Closes the idle mappings of handle; returns the bytes still referenced. */
 static uint64_t close_idle_of(const unsigned char *handle)
 {
-    struct ipcc_victim v[BATCH];
+    struct ipcc_legacy_victim v[BATCH];
     uint64_t live = 0;
     size_t n;
     do {
@@ -51,8 +51,8 @@ static uint64_t close_idle_of(const unsigned char *handle)
             return live;
         live = 0;
         ipcc_lock();
-        n = ipcc_cache_take_idle_by_handle(ipcc_budget_legacy(), handle, v, BATCH, &live);
-        ipcc_closing_add(v, n);
+        n = ipcc_legacy_take_idle_by_handle(ipcc_budget_legacy(), handle, v, BATCH, &live);
+        ipcc_legacy_close_taken(v, n);
         ipcc_unlock();
         IPCC_ADD(releases_on_request, close_until_exit(v, n));
     } while (n == BATCH);
@@ -61,7 +61,7 @@ static uint64_t close_idle_of(const unsigned char *handle)
 
 /* The exporter freed (or took with it) the allocation behind handle. Called
  * by ledger_helper.c for every handle; VMM tags find no legacy entry. */
-void ipcc_ghost_let_go(const void *handle)
+void ipcc_legacy_let_go(const void *handle)
 {
     uint64_t live = close_idle_of(handle);
     if (!live)
@@ -83,7 +83,7 @@ static uint64_t let_go_of_handle(const unsigned char *handle, int *in_use, void 
 
 /* After each close by the program: one load, unless some allocation was
  * freed while in use here; then its last close really closes it. */
-void ipcc_ghost_after_close(void)
+void ipcc_legacy_after_close(void)
 {
     if (ipcc_keyset_count(&doomed) == 0 || !ipcc_budget_legacy())
         return;
@@ -91,7 +91,7 @@ void ipcc_ghost_after_close(void)
 }
 
 /* Fork child: the parent's mappings are gone from the table already. */
-void ipcc_ghost_fork_child(void)
+void ipcc_legacy_importer_fork_child(void)
 {
     ipcc_keyset_reset(&doomed);
     atomic_store(&ghost, 0);

@@ -138,7 +138,7 @@ void ipcc_stats_register(const struct ipcc_stats_sources *s)
     sources = s;
 }
 
-static void put_counters(struct ipcc_out *o, uint64_t hits, const struct ipcc_tables_gauges *g)
+static void put_counters(struct ipcc_out *o, uint64_t hits, const struct ipcc_budget_gauges *g)
 {
     uint64_t misses = IPCC_TOTAL(misses);
     put_field(o, "opens", hits + misses + IPCC_TOTAL(open_passthrough));
@@ -158,7 +158,7 @@ static void put_counters(struct ipcc_out *o, uint64_t hits, const struct ipcc_ta
 }
 
 /* idle and idle_bytes count both kinds: the one budget's totals. */
-static void put_gauges(struct ipcc_out *o, const struct ipcc_tables_gauges *g)
+static void put_gauges(struct ipcc_out *o, const struct ipcc_budget_gauges *g)
 {
     put_field(o, "live", g->live);
     put_field(o, "idle", g->idle);
@@ -210,7 +210,7 @@ static void put_top(struct ipcc_out *o, uint64_t now_ns)
 }
 
 /* Formats the whole line, newline included; returns its length. */
-size_t ipcc_stats_format(char *buf, size_t cap)
+static size_t format_stats(char *buf, size_t cap)
 {
     struct ipcc_out o = { buf, cap - 2, 0 };
     put_str(&o, "{\"schema\":");
@@ -218,7 +218,7 @@ size_t ipcc_stats_format(char *buf, size_t cap)
     put_field(&o, "pid", (uint64_t)getpid());
     put_str(&o, ",\"version\":\"" IPCC_VERSION "\"");
     uint64_t hits = IPCC_TOTAL(hits); /* one reading for the count and the saving */
-    struct ipcc_tables_gauges g = { 0 };
+    struct ipcc_budget_gauges g = { 0 };
     if (sources)
         sources->gauges(&g);
     put_counters(&o, hits, &g);
@@ -277,7 +277,7 @@ static int open_destination(void)
 void ipcc_stats_write_line(void)
 {
     char line[LINE_MAX_BYTES];
-    size_t len = ipcc_stats_format(line, sizeof(line));
+    size_t len = format_stats(line, sizeof(line));
     int fd = open_destination();
     ssize_t ignored = write(fd >= 0 ? fd : STDERR_FILENO, line, len);
     (void)ignored;

@@ -69,14 +69,14 @@ struct ipcc_top_slot {
 
 /* Both kinds' gauges, read at one moment (fields may be momentarily
  * inconsistent). idle and idle_bytes count both kinds; vmm_* the VMM part. */
-struct ipcc_tables_gauges {
+struct ipcc_budget_gauges {
     uint64_t live, idle, idle_bytes, vmm_idle, vmm_idle_bytes;
 };
 
 /* The figures the stats line shows from the layers above (registered at
  * load by entry/wiring.c; async-signal-safe, the handler calls them). */
 struct ipcc_stats_sources {
-    void (*gauges)(struct ipcc_tables_gauges *out);
+    void (*gauges)(struct ipcc_budget_gauges *out);
     void (*top)(struct ipcc_top_slot *out); /* fills IPCC_TOP_SLOTS */
     uint64_t (*ghost_bytes)(void);
 };
@@ -86,6 +86,5 @@ IPCC_HIDDEN void ipcc_stats_reset(void);
 IPCC_HIDDEN void ipcc_stats_fork_child(void); /* counters zeroed, then the marker */
 IPCC_HIDDEN void ipcc_stats_install_handler(void);
 IPCC_HIDDEN void ipcc_stats_write_line(void);
-IPCC_HIDDEN size_t ipcc_stats_format(char *buf, size_t cap);
 
 #endif

@@ -31,7 +31,7 @@
  * The idle budget holds without looking at each lent close: an entry is lent
  * only when the budget has room for it idle (the caller checks; lending it
  * to one more thread needs none), and every budget check counts lent entries
- * as idle (ipcc_cache_lent_totals).
+ * as idle (ipcc_legacy_loan_totals).
  */
 #include "legacy_table_impl.h"
 #include <utlist.h>
@@ -48,7 +48,7 @@ __thread struct ipcc_recent recent __attribute__((tls_model("initial-exec")));
 
 /* Idle entries join the LRU list by the time they went idle: a recalled one
  * may have gone idle before others already there. */
-static void lru_insert(struct ipcc_cache *c, struct ipcc_entry *e)
+static void lru_insert(struct ipcc_legacy_table *c, struct ipcc_entry *e)
 {
     struct ipcc_entry *after = c->lru ? c->lru->prev : NULL; /* the tail */
     while (after && after->idle_ns > e->idle_ns)
@@ -66,7 +66,7 @@ static struct ipcc_entry *slot_entry(const struct lent_slot *s)
 
 /* Lock held: e, lent to its first thread, leaves the table's books: it
  * holds a reference (the one just taken), so it was live. */
-static void take_off_books(struct ipcc_entry *e, struct ipcc_cache *c, uint64_t now_ns)
+static void take_off_books(struct ipcc_entry *e, struct ipcc_legacy_table *c, uint64_t now_ns)
 {
     gauge_sub(&c->gauges.live, 1);
     gauge_add(&lent_count, 1);
@@ -75,7 +75,7 @@ static void take_off_books(struct ipcc_entry *e, struct ipcc_cache *c, uint64_t 
 }
 
 /* Lock held: e's last loan came back; it is live or idle again. */
-static void put_back_on_books(struct ipcc_cache *c, struct ipcc_entry *e)
+static void put_back_on_books(struct ipcc_legacy_table *c, struct ipcc_entry *e)
 {
     gauge_sub(&lent_count, 1);
     gauge_sub(&lent_bytes, e->bytes);
@@ -88,7 +88,7 @@ static void put_back_on_books(struct ipcc_cache *c, struct ipcc_entry *e)
     }
 }
 
-static void top_add_hits(struct ipcc_cache *c, const struct ipcc_entry *e, uint64_t hits)
+static void top_add_hits(struct ipcc_legacy_table *c, const struct ipcc_entry *e, uint64_t hits)
 {
     if (e->top_slot < 0 || hits == 0)
         return;
@@ -98,7 +98,7 @@ static void top_add_hits(struct ipcc_cache *c, const struct ipcc_entry *e, uint6
 
 /* Lock held: one thread's loan comes back; its references and hits fold
  * into the entry's. */
-void recall(struct ipcc_cache *c, struct lent_slot *s)
+void recall(struct ipcc_legacy_table *c, struct lent_slot *s)
 {
     uint64_t st = atomic_exchange_explicit(&s->state, 0, memory_order_acq_rel);
     if (!(st & LENT))
@@ -117,7 +117,7 @@ void recall(struct ipcc_cache *c, struct lent_slot *s)
 }
 
 /* Lock held: every entry of c lent to any thread comes back. */
-void recall_all(struct ipcc_cache *c)
+void recall_all(struct ipcc_legacy_table *c)
 {
     if (atomic_load_explicit(&lent_count, memory_order_relaxed) == 0)
         return;
@@ -140,7 +140,7 @@ static struct lent_slot *my_slot(void)
 }
 
 /* Lock held: whether this thread's last hit could be lent it, budget aside. */
-int ipcc_cache_recent_lendable(struct ipcc_cache *c)
+int ipcc_legacy_loan_lendable(struct ipcc_legacy_table *c)
 {
     struct ipcc_entry *e = recent_entry(c);
     return e && lendable(e);
@@ -148,7 +148,7 @@ int ipcc_cache_recent_lendable(struct ipcc_cache *c)
 
 /* Lock held: slot s of this thread holds e from now on, with one reference
  * of e's (the one this thread just took). */
-static void lend_to_slot(struct ipcc_cache *c, struct ipcc_entry *e, struct lent_slot *s,
+static void lend_to_slot(struct ipcc_legacy_table *c, struct ipcc_entry *e, struct lent_slot *s,
                          uint64_t now_ns)
 {
     if (!e->lent_to)
@@ -172,8 +172,8 @@ static void lend_to_slot(struct ipcc_cache *c, struct ipcc_entry *e, struct lent
  * (to other threads: counted once). The thread's previous loan comes back
  * first. Returns 1 when lent.
  */
-int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_entries,
-                           uint64_t room_bytes)
+int ipcc_legacy_loan_lend_recent(struct ipcc_legacy_table *c, uint64_t now_ns,
+                                 uint64_t room_entries, uint64_t room_bytes)
 {
     struct ipcc_entry *e = recent_entry(c);
     if (!e || !lendable(e))
@@ -183,7 +183,7 @@ int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_
     struct lent_slot *s = my_slot();
     if (!s)
         return 0;
-    const struct ipcc_cache *had = atomic_load_explicit(&s->cache, memory_order_relaxed);
+    const struct ipcc_legacy_table *had = atomic_load_explicit(&s->cache, memory_order_relaxed);
     if (had == c)
         recall(c, s);
     else if (had && (atomic_load(&s->state) & LENT))
@@ -193,7 +193,7 @@ int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_
     lent.flags = recent.flags;
     memcpy(lent.handle, recent.handle, IPCC_HANDLE_BYTES);
     lent.dptr = e->pkey.dptr;
-    ipcc_cache_lent_floor(now_ns);
+    ipcc_legacy_loan_floor(now_ns);
     atomic_store_explicit(&s->state, LENT | 1, memory_order_release);
     return 1;
 }
@@ -201,7 +201,7 @@ int ipcc_cache_lend_recent(struct ipcc_cache *c, uint64_t now_ns, uint64_t room_
 /* No lock: an open of what this thread was lent takes one of its own
  * references and counts its hit, both in its slot's state. 1 and *dptr
  * set, or 0: the locked path must answer. */
-int ipcc_cache_open_lent(uint64_t ctx_id, const void *handle, uint32_t flags, uint64_t *dptr)
+int ipcc_legacy_loan_open(uint64_t ctx_id, const void *handle, uint32_t flags, uint64_t *dptr)
 {
     struct lent_slot *s = lent.slot;
     if (!s || lent.ctx_id != ctx_id || lent.flags != flags ||
@@ -219,7 +219,7 @@ int ipcc_cache_open_lent(uint64_t ctx_id, const void *handle, uint32_t flags, ui
 /* No lock: a close of what this thread was lent, while it holds a reference
  * of its own there; 0 otherwise (the locked path answers: another thread's
  * reference, a close past zero). */
-int ipcc_cache_close_lent(uint64_t ctx_id, uint64_t dptr, uint64_t now_ns)
+int ipcc_legacy_loan_close(uint64_t ctx_id, uint64_t dptr, uint64_t now_ns)
 {
     struct lent_slot *s = lent.slot;
     if (!s || lent.dptr != dptr || lent.ctx_id != ctx_id)
@@ -235,7 +235,7 @@ int ipcc_cache_close_lent(uint64_t ctx_id, uint64_t dptr, uint64_t now_ns)
 
 /* Lock held: the calling thread's loan comes back (it exits, or makes a
  * call whose order against its closes matters); its slot too, with give_up. */
-void ipcc_cache_return_lent(struct ipcc_cache *c, int give_up)
+void ipcc_legacy_loan_return(struct ipcc_legacy_table *c, int give_up)
 {
     struct lent_slot *s = lent.slot;
     if (!s)
@@ -252,27 +252,27 @@ void ipcc_cache_return_lent(struct ipcc_cache *c, int give_up)
 /* A precise time of something this thread just did (a locked close, a
  * lend, a VMM call that may leave something idle): its lent closes from now
  * on are ordered after it, though their own clock is coarse. */
-void ipcc_cache_lent_floor(uint64_t now_ns)
+void ipcc_legacy_loan_floor(uint64_t now_ns)
 {
     lent_floor(now_ns);
 }
 
 /* Whether this thread has an entry lent (one load). */
-int ipcc_cache_has_lent(void)
+int ipcc_legacy_loan_held(void)
 {
     return lent.slot && (atomic_load_explicit(&lent.slot->state, memory_order_relaxed) & LENT);
 }
 
 /* What is lent now, all tables together: counted as idle by every budget
  * check. Async-signal-safe. */
-void ipcc_cache_lent_totals(uint64_t *entries, uint64_t *bytes)
+void ipcc_legacy_loan_totals(uint64_t *entries, uint64_t *bytes)
 {
     *entries = atomic_load_explicit(&lent_count, memory_order_relaxed);
     *bytes = atomic_load_explicit(&lent_bytes, memory_order_relaxed);
 }
 
 /* Whether slot i is lent an entry of c: its state then, or 0. */
-static uint64_t lent_state(const struct ipcc_cache *c, int i)
+static uint64_t lent_state(const struct ipcc_legacy_table *c, int i)
 {
     const struct lent_slot *s = &lent_slots[i];
     uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
@@ -282,7 +282,7 @@ static uint64_t lent_state(const struct ipcc_cache *c, int i)
 /* The references of the entry lent to slot i, if i is the first slot that
  * holds it (so that a shared entry counts once): 1 and *refs set, else 0.
  * Compares entry addresses, never follows one. Async-signal-safe. */
-static int lent_entry_refs(const struct ipcc_cache *c, int i, uint64_t st, uint64_t *refs)
+static int lent_entry_refs(const struct ipcc_legacy_table *c, int i, uint64_t st, uint64_t *refs)
 {
     const struct ipcc_entry *e = slot_entry(&lent_slots[i]);
     *refs = atomic_load_explicit(&lent_slots[i].base_refs, memory_order_relaxed) + (st & LENT_REFS);
@@ -301,7 +301,7 @@ static int lent_entry_refs(const struct ipcc_cache *c, int i, uint64_t st, uint6
  * idle by their references at this moment, once however many threads hold
  * them (fields may be momentarily inconsistent). Async-signal-safe: static
  * slots and atomics only. */
-void ipcc_cache_gauges_now(const struct ipcc_cache *c, struct ipcc_cache_totals *out)
+void ipcc_legacy_gauges_now(const struct ipcc_legacy_table *c, struct ipcc_legacy_totals *out)
 {
     out->live = atomic_load_explicit(&c->gauges.live, memory_order_relaxed);
     out->idle = atomic_load_explicit(&c->gauges.idle, memory_order_relaxed);
@@ -324,7 +324,7 @@ void ipcc_cache_gauges_now(const struct ipcc_cache *c, struct ipcc_cache_totals 
 /* The top slots as the program would see them: the mirror, plus the hits
  * and references the entries' loans count (top slots with used 0 are
  * free). Async-signal-safe: static slots and atomics only. */
-void ipcc_cache_top_now(const struct ipcc_cache *c, struct ipcc_top_slot *out)
+void ipcc_legacy_top_now(const struct ipcc_legacy_table *c, struct ipcc_top_slot *out)
 {
     for (int i = 0; i < IPCC_TOP_SLOTS; i++) {
         const struct ipcc_top_slot *t = &c->top[i];
@@ -351,14 +351,14 @@ void ipcc_cache_top_now(const struct ipcc_cache *c, struct ipcc_top_slot *out)
 }
 
 /* Lock held: every loan of c comes back (an eviction compares idle times). */
-void ipcc_cache_recall_all(struct ipcc_cache *c)
+void ipcc_legacy_loan_recall_all(struct ipcc_legacy_table *c)
 {
     recall_all(c);
 }
 
 /* Fork child: the other threads and their loans are gone; this thread
  * forgets its slot. The table is cleared after. */
-void ipcc_cache_lent_fork_child(struct ipcc_cache *c)
+void ipcc_legacy_loan_fork_child(struct ipcc_legacy_table *c)
 {
     if (c)
         recall_all(c);

@@ -22,9 +22,9 @@
 
 /* uthash must not abort the process on allocation failure: it leaves the
  * element out and raises this flag instead (read under the caller's lock). */
-static int ipcc_cache_oom;
+static int ipcc_legacy_oom;
 #define HASH_NONFATAL_OOM 1
-#define uthash_nonfatal_oom(elt) (ipcc_cache_oom = 1)
+#define uthash_nonfatal_oom(elt) (ipcc_legacy_oom = 1)
 
 /* Both key types are whole 8-byte words; a multiply-xorshift per word is a
  * few times cheaper than uthash's default on an 80-byte key, and the hit
@@ -47,7 +47,7 @@ static uint32_t hash_words(const void *key, size_t len)
 #include <utlist.h>
 
 /* The identity part of a key: everything before its cached hash. */
-#define KEY_BYTES offsetof(struct ipcc_key, hash)
+#define KEY_BYTES offsetof(struct ipcc_legacy_key, hash)
 
 _Static_assert(KEY_BYTES % 8 == 0, "hash_words reads whole words");
 _Static_assert(sizeof(struct ptr_key) % 8 == 0, "hash_words reads whole words");
@@ -62,8 +62,8 @@ _Static_assert(sizeof(struct ptr_key) % 8 == 0, "hash_words reads whole words");
  * since may lie at the same address. Defined in legacy_loans.c, which lends
  * the memo's entry: the table calls down to its loans, never the reverse.
  */
-static void remember_recent(const struct ipcc_cache *c, struct ipcc_entry *e,
-                            const struct ipcc_key *k)
+static void remember_recent(const struct ipcc_legacy_table *c, struct ipcc_entry *e,
+                            const struct ipcc_legacy_key *k)
 {
     recent.c = c;
     recent.e = e;
@@ -74,7 +74,7 @@ static void remember_recent(const struct ipcc_cache *c, struct ipcc_entry *e,
 }
 
 /* Mirror an entry into a free top slot, if any is left. */
-static void top_attach(struct ipcc_cache *c, struct ipcc_entry *e, uint64_t now_ns)
+static void top_attach(struct ipcc_legacy_table *c, struct ipcc_entry *e, uint64_t now_ns)
 {
     e->top_slot = -1;
     for (int i = 0; i < IPCC_TOP_SLOTS; i++) {
@@ -92,7 +92,7 @@ static void top_attach(struct ipcc_cache *c, struct ipcc_entry *e, uint64_t now_
     }
 }
 
-static void top_detach(struct ipcc_cache *c, struct ipcc_entry *e)
+static void top_detach(struct ipcc_legacy_table *c, struct ipcc_entry *e)
 {
     if (e->top_slot >= 0)
         atomic_store_explicit(&c->top[e->top_slot].used, 0, memory_order_release);
@@ -101,7 +101,7 @@ static void top_detach(struct ipcc_cache *c, struct ipcc_entry *e)
 
 /* Take an entry off every index and the gauges, freeing its aliases; the
  * caller frees the entry. */
-static void unlink_entry(struct ipcc_cache *c, struct ipcc_entry *e)
+static void unlink_entry(struct ipcc_legacy_table *c, struct ipcc_entry *e)
 {
     recall_entry(c, e);
     removed_gen++; /* every thread's memo of a hit is stale now */
@@ -125,11 +125,11 @@ static void unlink_entry(struct ipcc_cache *c, struct ipcc_entry *e)
 
 /* Removes and frees an entry, describing it in out[*n] while there is room;
  * counts it in *n either way. */
-static void remove_entry(struct ipcc_cache *c, struct ipcc_entry *e,
-                         struct ipcc_victim *out, size_t cap, size_t *n)
+static void remove_entry(struct ipcc_legacy_table *c, struct ipcc_entry *e,
+                         struct ipcc_legacy_victim *out, size_t cap, size_t *n)
 {
     if (out && *n < cap) {
-        struct ipcc_victim *v = &out[*n];
+        struct ipcc_legacy_victim *v = &out[*n];
         v->ctx = e->ctx;
         v->ctx_id = e->key.ctx_id;
         v->dptr = e->pkey.dptr;
@@ -143,10 +143,11 @@ static void remove_entry(struct ipcc_cache *c, struct ipcc_entry *e,
 /* ---- API ---------------------------------------------------------------- */
 
 /* Returns an empty table, or NULL when out of memory. */
-struct ipcc_cache *ipcc_cache_create(void)
+struct ipcc_legacy_table *ipcc_legacy_table_create(void)
 {
     /* Aligned as its mirror slots are, a line each. */
-    struct ipcc_cache *c = aligned_alloc(_Alignof(struct ipcc_cache), sizeof(struct ipcc_cache));
+    struct ipcc_legacy_table *c =
+        aligned_alloc(_Alignof(struct ipcc_legacy_table), sizeof(struct ipcc_legacy_table));
     if (c)
         memset(c, 0, sizeof(*c));
     return c;
@@ -155,7 +156,7 @@ struct ipcc_cache *ipcc_cache_create(void)
 /* Forgets every entry without closing anything: for the fork child, whose
  * mappings belong to its parent's contexts. The table itself stays, so a
  * signal handler reading its gauges never sees freed memory. */
-void ipcc_cache_clear(struct ipcc_cache *c)
+void ipcc_legacy_table_clear(struct ipcc_legacy_table *c)
 {
     recall_all(c);
     struct ipcc_entry *e, *tmp;
@@ -165,18 +166,18 @@ void ipcc_cache_clear(struct ipcc_cache *c)
     }
 }
 
-void ipcc_cache_destroy(struct ipcc_cache *c)
+void ipcc_legacy_table_destroy(struct ipcc_legacy_table *c)
 {
     if (!c)
         return;
-    ipcc_cache_clear(c);
+    ipcc_legacy_table_clear(c);
     free(c); /* aligned_alloc's, made and dropped outside the lock */
 }
 
 /* Builds a key with every byte defined (the hash covers padding too) and
  * hashes it here, so the caller can do it before taking the lock. */
-void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id, const void *handle,
-                   uint32_t flags)
+void ipcc_legacy_key_init(struct ipcc_legacy_key *k, uint64_t ctx_id, const void *handle,
+                          uint32_t flags)
 {
     k->ctx_id = ctx_id;
     k->flags = flags;
@@ -187,7 +188,7 @@ void ipcc_key_init(struct ipcc_key *k, uint64_t ctx_id, const void *handle,
 }
 
 /* The entry a key names, directly or as an alias; NULL if none. */
-static struct ipcc_entry *find_key(struct ipcc_cache *c, const struct ipcc_key *k)
+static struct ipcc_entry *find_key(struct ipcc_legacy_table *c, const struct ipcc_legacy_key *k)
 {
     struct ipcc_entry *e;
     HASH_FIND_BYHASHVALUE(hh_key, c->by_key, k, KEY_BYTES, k->hash, e);
@@ -201,7 +202,7 @@ static struct ipcc_entry *find_key(struct ipcc_cache *c, const struct ipcc_key *
 }
 
 /* A reference taken under the lock; on a lent entry, outside its slots. */
-static void take_ref(struct ipcc_cache *c, struct ipcc_entry *e)
+static void take_ref(struct ipcc_legacy_table *c, struct ipcc_entry *e)
 {
     if (e->lent_to) {
         e->refs++;
@@ -216,14 +217,14 @@ static void take_ref(struct ipcc_cache *c, struct ipcc_entry *e)
 
 /* On a hit takes one reference, stores the mapping's pointer in *dptr and
  * returns 1; returns 0 on a miss and leaves *dptr alone. */
-static void hit(struct ipcc_cache *c, struct ipcc_entry *e, uint64_t *dptr)
+static void hit(struct ipcc_legacy_table *c, struct ipcc_entry *e, uint64_t *dptr)
 {
     take_ref(c, e);
     top_update(c, e, 1);
     *dptr = e->pkey.dptr;
 }
 
-int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k, uint64_t *dptr)
+int ipcc_legacy_find(struct ipcc_legacy_table *c, const struct ipcc_legacy_key *k, uint64_t *dptr)
 {
     struct ipcc_entry *e = find_key(c, k);
     if (!e)
@@ -235,16 +236,16 @@ int ipcc_cache_acquire(struct ipcc_cache *c, const struct ipcc_key *k, uint64_t 
 
 /* Whether (ctx_id, handle, flags) is what this thread last hit or inserted:
  * a thread-local comparison, made before taking the lock. */
-int ipcc_cache_recent_is(uint64_t ctx_id, const void *handle, uint32_t flags)
+int ipcc_legacy_recent_is(uint64_t ctx_id, const void *handle, uint32_t flags)
 {
     return recent.e && recent.ctx_id == ctx_id && recent.flags == flags &&
            memcmp(recent.handle, handle, IPCC_HANDLE_BYTES) == 0;
 }
 
-/* ipcc_cache_acquire of the key ipcc_cache_recent_is matched, without
+/* ipcc_legacy_find of the key ipcc_legacy_recent_is matched, without
  * looking it up: 0 when that entry has left the table meanwhile (the
  * caller then looks the key up). */
-int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr)
+int ipcc_legacy_find_recent(struct ipcc_legacy_table *c, uint64_t *dptr)
 {
     struct ipcc_entry *e = recent_entry(c);
     if (!e)
@@ -256,16 +257,17 @@ int ipcc_cache_acquire_recent(struct ipcc_cache *c, uint64_t *dptr)
 
 /* Records k as another key of e, with one reference: 0, or -1 when out of
  * memory (nothing recorded). */
-static int add_alias(struct ipcc_cache *c, struct ipcc_entry *e, const struct ipcc_key *k)
+static int add_alias(struct ipcc_legacy_table *c, struct ipcc_entry *e,
+                     const struct ipcc_legacy_key *k)
 {
     struct ipcc_alias *a = ipcc_mem_calloc(1, sizeof(*a));
     if (!a)
         return -1;
     a->key = *k;
     a->entry = e;
-    ipcc_cache_oom = 0;
+    ipcc_legacy_oom = 0;
     HASH_ADD_BYHASHVALUE(hh, c->by_alias, key, KEY_BYTES, k->hash, a);
-    if (ipcc_cache_oom) {
+    if (ipcc_legacy_oom) {
         ipcc_mem_free(a);
         return -1;
     }
@@ -287,11 +289,11 @@ static int add_alias(struct ipcc_cache *c, struct ipcc_entry *e, const struct ip
  * itself, since an entry holds exactly one. Returns -1 when out of memory
  * (nothing cached).
  */
-int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
-                      uint64_t dptr, uint64_t bytes, uint64_t now_ns,
-                      uint64_t *cached_dptr)
+int ipcc_legacy_insert(struct ipcc_legacy_table *c, const struct ipcc_legacy_key *k, void *ctx,
+                       uint64_t dptr, uint64_t bytes, uint64_t now_ns,
+                       uint64_t *cached_dptr)
 {
-    if (ipcc_cache_acquire(c, k, cached_dptr))
+    if (ipcc_legacy_find(c, k, cached_dptr))
         return 0;
     struct ptr_key pk = { .ctx_id = k->ctx_id, .dptr = dptr };
     struct ipcc_entry *e;
@@ -313,14 +315,14 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
     e->last_user = &lent;
     e->runs = 1;
 
-    ipcc_cache_oom = 0;
+    ipcc_legacy_oom = 0;
     HASH_ADD_BYHASHVALUE(hh_key, c->by_key, key, KEY_BYTES, k->hash, e);
-    if (ipcc_cache_oom) {
+    if (ipcc_legacy_oom) {
         ipcc_mem_free(e);
         return -1;
     }
     HASH_ADD(hh_ptr, c->by_ptr, pkey, sizeof(e->pkey), e);
-    if (ipcc_cache_oom) {
+    if (ipcc_legacy_oom) {
         HASH_DELETE(hh_key, c->by_key, e);
         ipcc_mem_free(e);
         return -1;
@@ -332,7 +334,7 @@ int ipcc_cache_insert(struct ipcc_cache *c, const struct ipcc_key *k, void *ctx,
 }
 
 /* The entry of the mapping at dptr in context ctx_id; NULL if none. */
-static struct ipcc_entry *find_ptr(struct ipcc_cache *c, uint64_t ctx_id, uint64_t dptr)
+static struct ipcc_entry *find_ptr(struct ipcc_legacy_table *c, uint64_t ctx_id, uint64_t dptr)
 {
     struct ipcc_entry *e = recent_entry(c);
     if (!(e && e->pkey.dptr == dptr && e->pkey.ctx_id == ctx_id)) {
@@ -359,8 +361,8 @@ static void close_outside_slots(struct ipcc_entry *e, uint64_t now_ns)
  * of an idle entry (past zero) removes it: the application closes a
  * reference it took outside the cache (or none), so the caller gives the
  * cache's own reference back and lets the driver answer the close. */
-enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_id,
-                                            uint64_t dptr, uint64_t now_ns)
+enum ipcc_release_result ipcc_legacy_release(struct ipcc_legacy_table *c, uint64_t ctx_id,
+                                             uint64_t dptr, uint64_t now_ns)
 {
     lent_floor(now_ns);
     struct ipcc_entry *e = find_ptr(c, ctx_id, dptr);
@@ -390,7 +392,7 @@ enum ipcc_release_result ipcc_cache_release(struct ipcc_cache *c, uint64_t ctx_i
 
 /* Whether idle mappings exceed either cap. Reads only the gauges, so it is
  * also a cheap check without the lock. */
-int ipcc_cache_over_caps(const struct ipcc_cache *c, uint64_t max_bytes, uint64_t max_entries)
+static int over_caps(const struct ipcc_legacy_table *c, uint64_t max_bytes, uint64_t max_entries)
 {
     return atomic_load_explicit(&c->gauges.idle_bytes, memory_order_relaxed) > max_bytes ||
            atomic_load_explicit(&c->gauges.idle, memory_order_relaxed) > max_entries;
@@ -398,8 +400,8 @@ int ipcc_cache_over_caps(const struct ipcc_cache *c, uint64_t max_bytes, uint64_
 
 /* When the least recently used idle entry went idle: 1 and *ns set, or 0
  * when nothing is idle. The budget shared with the VMM path compares it
- * with that path's oldest idle thing (tables.c). */
-int ipcc_cache_oldest_idle(const struct ipcc_cache *c, uint64_t *ns)
+ * with that path's oldest idle thing (budget_tables.c). */
+int ipcc_legacy_oldest_idle(const struct ipcc_legacy_table *c, uint64_t *ns)
 {
     if (!c->lru)
         return 0;
@@ -410,20 +412,20 @@ int ipcc_cache_oldest_idle(const struct ipcc_cache *c, uint64_t *ns)
 /* Removes least recently used idle entries until both caps hold (or cap
  * victims are collected) and describes them in out[]; the caller closes them.
  * Returns how many were removed. UINT64_MAX caps evict everything idle. */
-size_t ipcc_cache_evict(struct ipcc_cache *c, uint64_t max_idle_bytes,
-                        uint64_t max_idle_entries, struct ipcc_victim *out, size_t cap)
+size_t ipcc_legacy_evict(struct ipcc_legacy_table *c, uint64_t max_idle_bytes,
+                         uint64_t max_idle_entries, struct ipcc_legacy_victim *out, size_t cap)
 {
     size_t n = 0;
     recall_all(c);
-    while (n < cap && c->lru && ipcc_cache_over_caps(c, max_idle_bytes, max_idle_entries))
+    while (n < cap && c->lru && over_caps(c, max_idle_bytes, max_idle_entries))
         remove_entry(c, c->lru, out, cap, &n);
     return n;
 }
 
 /* Removes idle entries of every context but keep_ctx_id (at most cap) and
  * describes them in out[]; the caller closes them. */
-size_t ipcc_cache_evict_other_contexts(struct ipcc_cache *c, uint64_t keep_ctx_id,
-                                       struct ipcc_victim *out, size_t cap)
+size_t ipcc_legacy_evict_other_contexts(struct ipcc_legacy_table *c, uint64_t keep_ctx_id,
+                                        struct ipcc_legacy_victim *out, size_t cap)
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
@@ -439,8 +441,8 @@ size_t ipcc_cache_evict_other_contexts(struct ipcc_cache *c, uint64_t keep_ctx_i
 
 /* Forgets every entry of a context that no longer exists (its mappings died
  * with it). Returns how many; the first cap are described in out[]. */
-size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,
-                           struct ipcc_victim *out, size_t cap)
+size_t ipcc_legacy_drop_context(struct ipcc_legacy_table *c, uint64_t ctx_id,
+                                struct ipcc_legacy_victim *out, size_t cap)
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
@@ -453,7 +455,7 @@ size_t ipcc_cache_drop_ctx(struct ipcc_cache *c, uint64_t ctx_id,
 }
 
 /* Lists the distinct contexts that own entries (at most cap). */
-size_t ipcc_cache_contexts(struct ipcc_cache *c, void **ctxs, uint64_t *ids, size_t cap)
+size_t ipcc_legacy_contexts(struct ipcc_legacy_table *c, void **ctxs, uint64_t *ids, size_t cap)
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
@@ -470,17 +472,17 @@ size_t ipcc_cache_contexts(struct ipcc_cache *c, void **ctxs, uint64_t *ids, siz
     return n;
 }
 
-size_t ipcc_cache_count(const struct ipcc_cache *c)
+size_t ipcc_legacy_table_entries(const struct ipcc_legacy_table *c)
 {
     return HASH_CNT(hh_key, c->by_key);
 }
 
-const struct ipcc_cache_gauges *ipcc_cache_gauges(const struct ipcc_cache *c)
+const struct ipcc_legacy_gauges *ipcc_legacy_table_gauges(const struct ipcc_legacy_table *c)
 {
     return &c->gauges;
 }
 
-const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c)
+const struct ipcc_top_slot *ipcc_legacy_table_top(const struct ipcc_legacy_table *c)
 {
     return c->top;
 }
@@ -489,9 +491,9 @@ const struct ipcc_top_slot *ipcc_cache_top(const struct ipcc_cache *c)
  * most cap), describing them in out[]; the caller closes them. Adds to
  * *live_bytes the bytes of its entries still referenced (left in place).
  * Used when the exporter frees that allocation. */
-size_t ipcc_cache_take_idle_by_handle(struct ipcc_cache *c, const void *handle,
-                                      struct ipcc_victim *out, size_t cap,
-                                      uint64_t *live_bytes)
+size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *handle,
+                                       struct ipcc_legacy_victim *out, size_t cap,
+                                       uint64_t *live_bytes)
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;

@@ -27,7 +27,7 @@ struct ptr_key {
 struct ipcc_alias;
 
 struct ipcc_entry {
-    struct ipcc_key key;
+    struct ipcc_legacy_key key;
     struct ptr_key pkey;
     void *ctx;
     uint64_t bytes;
@@ -47,18 +47,18 @@ struct ipcc_entry {
 
 /* Another key that the driver answered with an entry's mapping. */
 struct ipcc_alias {
-    struct ipcc_key key;
+    struct ipcc_legacy_key key;
     struct ipcc_entry *entry;
     struct ipcc_alias *next;            /* the entry's next alias */
     UT_hash_handle hh;
 };
 
-struct ipcc_cache {
+struct ipcc_legacy_table {
     struct ipcc_entry *by_key;
     struct ipcc_entry *by_ptr;
     struct ipcc_alias *by_alias;
     struct ipcc_entry *lru;             /* head = least recently used */
-    struct ipcc_cache_gauges gauges;
+    struct ipcc_legacy_gauges gauges;
     struct ipcc_top_slot top[IPCC_TOP_SLOTS];
 };
 
@@ -67,7 +67,7 @@ struct ipcc_cache {
 IPCC_HIDDEN extern uint64_t removed_gen;
 
 struct ipcc_recent {
-    const struct ipcc_cache *c;
+    const struct ipcc_legacy_table *c;
     struct ipcc_entry *e;
     uint64_t gen;
     uint64_t ctx_id;
@@ -79,7 +79,7 @@ IPCC_HIDDEN extern __thread struct ipcc_recent recent
     __attribute__((tls_model("initial-exec"), aligned(16)));
 
 /* The thread's last entry of c if it is still there (lock held). */
-IPCC_TABLE_HELPER struct ipcc_entry *recent_entry(const struct ipcc_cache *c)
+IPCC_TABLE_HELPER struct ipcc_entry *recent_entry(const struct ipcc_legacy_table *c)
 {
     return recent.c == c && recent.gen == removed_gen ? recent.e : NULL;
 }
@@ -102,7 +102,7 @@ struct lent_slot {
     _Atomic uint64_t last_close_ns;     /* the owner's, for the LRU order */
     _Atomic uint64_t base_refs;         /* mirror of the entry's e->refs */
     _Atomic uint64_t bytes;
-    _Atomic(const struct ipcc_cache *) cache;
+    _Atomic(const struct ipcc_legacy_table *) cache;
     _Atomic(struct ipcc_entry *) entry; /* followed with the lock only */
     _Atomic int top;                    /* the entry's top slot; -1: none */
     _Atomic int taken;                  /* by a thread, for its life */
@@ -121,8 +121,8 @@ struct ipcc_lent_tls {
 };
 IPCC_HIDDEN extern __thread struct ipcc_lent_tls lent __attribute__((tls_model("initial-exec")));
 
-IPCC_HIDDEN void recall(struct ipcc_cache *c, struct lent_slot *s);
-IPCC_HIDDEN void recall_all(struct ipcc_cache *c);
+IPCC_HIDDEN void recall(struct ipcc_legacy_table *c, struct lent_slot *s);
+IPCC_HIDDEN void recall_all(struct ipcc_legacy_table *c);
 
 /* ---- small helpers, both files ------------------------------------------ */
 
@@ -146,7 +146,7 @@ static void slot_store(_Atomic uint64_t *f, uint64_t v)
     atomic_store_explicit(f, v, memory_order_relaxed);
 }
 
-IPCC_TABLE_HELPER void top_update(struct ipcc_cache *c, const struct ipcc_entry *e, int hit)
+IPCC_TABLE_HELPER void top_update(struct ipcc_legacy_table *c, const struct ipcc_entry *e, int hit)
 {
     if (e->top_slot < 0)
         return;
@@ -175,7 +175,7 @@ IPCC_TABLE_HELPER void mirror_outside_refs(const struct ipcc_entry *e)
 }
 
 /* Lock held: every loan of e comes back. */
-IPCC_TABLE_HELPER void recall_entry(struct ipcc_cache *c, struct ipcc_entry *e)
+IPCC_TABLE_HELPER void recall_entry(struct ipcc_legacy_table *c, struct ipcc_entry *e)
 {
     while (e && e->lent_to)
         recall(c, &lent_slots[__builtin_ctzll(e->lent_to)]);
@@ -204,7 +204,7 @@ IPCC_TABLE_HELPER int lendable(const struct ipcc_entry *e)
 /* Lock held: a close found no reference of e outside the slots: it closes
  * another thread's (or none, past zero): every loan of e comes back, so the
  * exact count answers. */
-IPCC_TABLE_HELPER void take_back_for_close(struct ipcc_cache *c, struct ipcc_entry *e)
+IPCC_TABLE_HELPER void take_back_for_close(struct ipcc_legacy_table *c, struct ipcc_entry *e)
 {
     if (e->lent_to & ~(lent.slot ? slot_bit(lent.slot) : 0)) {
         e->last_user = NULL;
@@ -214,7 +214,7 @@ IPCC_TABLE_HELPER void take_back_for_close(struct ipcc_cache *c, struct ipcc_ent
     recall_entry(c, e);
 }
 
-/* A precise time of something this thread just did: see ipcc_cache_lent_floor. */
+/* A precise time of something this thread just did: see ipcc_legacy_loan_floor. */
 IPCC_TABLE_HELPER void lent_floor(uint64_t now_ns)
 {
     lent.floor_ns = max_u64(lent.floor_ns, now_ns);

@@ -616,7 +616,7 @@ static int oldest_idle(const struct ipcc_vmm_table *t, long *res, long *imp, uin
 
 /* When the least recently used idle thing went idle: 1 and *ns set, or 0.
  * The budget shared with the legacy path compares it with that path's
- * oldest idle mapping (tables.c). */
+ * oldest idle mapping (budget_tables.c). */
 int ipcc_vmm_oldest_idle(const struct ipcc_vmm_table *t, uint64_t *ns)
 {
     long res, imp;

@@ -93,8 +93,6 @@ IPCC_HIDDEN size_t ipcc_vmm_table_imports(const struct ipcc_vmm_table *t);
 IPCC_HIDDEN int ipcc_vmm_fd_claim(struct ipcc_vmm_table *t, size_t bound);
 IPCC_HIDDEN void ipcc_vmm_fd_unclaim(struct ipcc_vmm_table *t);
 IPCC_HIDDEN size_t ipcc_vmm_table_fds(const struct ipcc_vmm_table *t);
-IPCC_HIDDEN int ipcc_vmm_ops_push(struct ipcc_vmm_ops *o, enum ipcc_vmm_op op, uint64_t addr,
-                                  uint64_t size, uint64_t handle, int fd);
 IPCC_HIDDEN int ipcc_vmm_import_find(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,
                                      uint64_t now_ns, uint64_t *handle);
 IPCC_HIDDEN int ipcc_vmm_import_insert(struct ipcc_vmm_table *t, const struct ipcc_vmm_id *id,

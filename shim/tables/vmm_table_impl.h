@@ -68,6 +68,8 @@ struct ipcc_vmm_table {
     struct ipcc_vmm_gauges gauges;
 };
 
+IPCC_HIDDEN int ipcc_vmm_ops_push(struct ipcc_vmm_ops *o, enum ipcc_vmm_op op, uint64_t addr,
+                                  uint64_t size, uint64_t handle, int fd);
 IPCC_HIDDEN int ipcc_vmm_grow(void **arr, size_t *cap, size_t need, size_t elem);
 IPCC_HIDDEN void ipcc_vmm_gauge_add(_Atomic uint64_t *g, int64_t n);
 IPCC_HIDDEN void ipcc_vmm_account(struct ipcc_vmm_table *t, struct ipcc_vmm_import *m);

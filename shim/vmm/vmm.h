@@ -3,7 +3,8 @@
  * calls through its table (tables/vmm_table.h) in vmm_calls.c, what identifies
  * an export (vmm_identity.c), the releases of what the table gave up
  * (vmm_close.c), and the exporter's and importer's sides of the release
- * ledger (vmm_exporter.c, vmm_importer.c).
+ * ledger (vmm_exporter.c, vmm_importer.c). What only the folder's own files
+ * share is in vmm_impl.h.
  */
 #ifndef IPCC_VMM_H
 #define IPCC_VMM_H
@@ -33,30 +34,16 @@ IPCC_HIDDEN int ipcc_vmm_get_access_call(unsigned long long *flags, const void *
 IPCC_HIDDEN int ipcc_vmm_release_call(uint64_t handle);
 IPCC_HIDDEN void ipcc_vmm_fork_child(void);  /* forgets this thread's recent imports */
 
-/* ---- vmm_identity.c: what identifies an export -------------------------- */
+/* ---- the fork resets (vmm_identity.c, vmm_exporter.c, vmm_importer.c) -- */
 
-IPCC_HIDDEN int ipcc_vmm_kcmp(int fd_a, int fd_b);  /* an ipcc_vmm_cmp_fn */
-IPCC_HIDDEN int ipcc_vmm_same_file(int fd_a, int fd_b); /* an ipcc_vmm_same_fn */
-IPCC_HIDDEN int ipcc_vmm_id_of(struct ipcc_vmm_id *id, void *os_handle, int type);
-IPCC_HIDDEN int ipcc_vmm_identity_works(const struct ipcc_vmm_id *id);
 IPCC_HIDDEN void ipcc_vmm_identity_fork_child(void); /* forgets the pid kcmp uses */
 IPCC_HIDDEN void ipcc_vmm_exporter_fork_child(void); /* forgets the parent's exports */
 IPCC_HIDDEN void ipcc_vmm_importer_fork_child(void); /* doomed tags, ghost bytes, the guess */
-IPCC_HIDDEN int32_t ipcc_vmm_self_pid(void);         /* getpid, asked once per process */
 
-/* ---- vmm_fds.c: the dups kept as identities, bounded ------------------- */
+/* ---- vmm_close.c: the closers the idle budget runs (budget.h) ----------- */
 
-IPCC_HIDDEN int ipcc_vmm_fd_keep(struct ipcc_vmm_table *t, int fd);
-IPCC_HIDDEN void ipcc_vmm_fd_give_back(struct ipcc_vmm_table *t, int fd);
-
-/* ---- vmm_close.c: really releasing what the VMM table gave up ---------- */
-
-IPCC_HIDDEN void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted);
-/* Kept chunks taken for unmapping and kept ranges for freeing, and the app's
- * calls that wait for them (vmm_close.c). */
-IPCC_HIDDEN void ipcc_vmm_ops_taken(const struct ipcc_vmm_ops *ops);
-IPCC_HIDDEN void ipcc_vmm_wait_under_way_in(uint64_t addr, uint64_t size);
-IPCC_HIDDEN void ipcc_vmm_under_way_reset(void);
+IPCC_HIDDEN void ipcc_vmm_close_run(struct ipcc_vmm_ops *ops, int evicted);
+IPCC_HIDDEN void ipcc_vmm_close_taken(const struct ipcc_vmm_ops *ops);
 
 /* ---- the release ledger on the VMM path (vmm_exporter.c, vmm_importer.c) ----
  * An exported POSIX fd is published as a tag: 64 bytes naming the exporter
@@ -64,11 +51,7 @@ IPCC_HIDDEN void ipcc_vmm_under_way_reset(void);
  * the tag of an fd it imports by comparing that fd with kcmp. */
 IPCC_HIDDEN int ipcc_vmm_export_call(void *out, uint64_t handle, int type,
                                      unsigned long long flags);
-IPCC_HIDDEN void ipcc_vmm_exporter_release(uint64_t handle);
-IPCC_HIDDEN int ipcc_vmm_tag_fd(const void *tag);  /* -1: not a VMM tag */
-IPCC_HIDDEN void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t handle, int fd);
-IPCC_HIDDEN void ipcc_vmm_ghost_let_go(const void *tag);
-IPCC_HIDDEN void ipcc_vmm_ghost_after_release(void);
+IPCC_HIDDEN void ipcc_vmm_let_go(const void *tag);
 IPCC_HIDDEN uint64_t ipcc_vmm_ghost_bytes(void);
 
 #endif

@@ -30,7 +30,7 @@
 
 #include <cuda.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 #include "budget.h"
 
 #define RECENT_MAX 512 /* imports remembered per thread until its next reserve */
@@ -63,8 +63,8 @@ static __thread struct {
 
 /* ---- the table, fork ------------------------------------------------------ */
 
-/* The table (tables.c), once an import started it and caching is on; else
- * NULL. */
+/* The table (budget_tables.c), once an import started it and caching is
+ * on; else NULL. */
 static struct ipcc_vmm_table *active(void)
 {
     struct ipcc_vmm_table *t = ipcc_budget_vmm();
@@ -73,12 +73,12 @@ static struct ipcc_vmm_table *active(void)
     return t;
 }
 
-/* Fork child (lifecycle.c; tables.c forgets the table): the thread that
+/* Fork child (lifecycle.c; budget_tables.c forgets the table): the thread that
  * forked forgets what it imported in the parent. No CUDA. */
 void ipcc_vmm_fork_child(void)
 {
     memset(&recent, 0, sizeof(recent));
-    ipcc_vmm_under_way_reset();
+    ipcc_vmm_close_fork_child();
 }
 
 static int out_of_memory(CUresult rc)
@@ -108,7 +108,7 @@ static CUresult real_import(import_fn real, CUmemGenericAllocationHandle *h, voi
 {
     CUresult rc = real(h, os, type);
     if (out_of_memory(rc)) {
-        ipcc_give_way_all();
+        ipcc_budget_give_way_all();
         rc = real(h, os, type);
     }
     return rc;
@@ -127,7 +127,7 @@ static void record_import(struct ipcc_vmm_table *t, struct ipcc_vmm_id *id,
     ipcc_unlock();
     if (r == 1) {
         remember_recent(*h);
-        ipcc_vmm_ghost_note_import(t, *h, id->fd); /* vmm_importer.c */
+        ipcc_vmm_note_import(t, *h, id->fd); /* vmm_importer.c */
         return;
     }
     if (!id->fabric)
@@ -148,7 +148,7 @@ int ipcc_vmm_import_call(uint64_t *handle, void *os, int type_int)
         return IPCC_CUDA_NO_DRIVER;
     ipcc_lifecycle_start();
     if (!ipcc_config.disabled && ipcc_config.vmm) /* IPCCACHE_VMM=0: no table, no caching */
-        ipcc_tables_vmm_start(ipcc_vmm_kcmp, ipcc_vmm_same_file);
+        ipcc_budget_vmm_start(ipcc_vmm_kcmp, ipcc_vmm_same_file);
     struct ipcc_vmm_table *t = active();
     struct ipcc_vmm_id id;
     if (!t || !h || ipcc_vmm_id_of(&id, os, type) < 0 || !ipcc_vmm_identity_works(&id))
@@ -187,8 +187,8 @@ int ipcc_vmm_release_call(uint64_t handle)
         return counted(real(handle));
     if (r == IPCC_RELEASE_PAST_ZERO)
         return counted(CUDA_ERROR_INVALID_VALUE); /* the driver's answer to a double release */
-    ipcc_evict_over_caps();
-    ipcc_vmm_ghost_after_release();
+    ipcc_budget_evict_over_caps();
+    ipcc_vmm_after_release();
     return CUDA_SUCCESS;
 }
 
@@ -250,16 +250,16 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
                      : ipcc_vmm_reserve_reuse(t, size, align, recent.handles, n, ipcc_clock_ns(),
                                               ptr);
     ipcc_unlock();
-    ipcc_vmm_run_ops(&ops, 1);
+    ipcc_vmm_close_run(&ops, 1);
     if (reused) {
         note_reserve(*ptr, size);
         return CUDA_SUCCESS;
     }
     if (addr) /* a kept range there that another thread is freeing: the hint is free after it */
-        ipcc_vmm_wait_under_way_in(addr, size);
+        ipcc_vmm_close_wait(addr, size);
     CUresult rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     if (out_of_memory(rc)) {
-        ipcc_give_way_all();
+        ipcc_budget_give_way_all();
         rc = real((CUdeviceptr *)ptr, size, align, addr, flags);
     }
     if (rc == CUDA_SUCCESS && n > 0) { /* a rebuild: imports came first (or the last one's) */
@@ -276,7 +276,7 @@ int ipcc_vmm_reserve_call(uint64_t *ptr, size_t size, size_t align, uint64_t add
  * needs done first. Returns 1 with *rc set when answered. */
 static int answered(enum ipcc_vmm_verdict v, struct ipcc_vmm_ops *ops, CUresult *rc)
 {
-    ipcc_vmm_run_ops(ops, 1);
+    ipcc_vmm_close_run(ops, 1);
     if (v == IPCC_VMM_PASS)
         return 0;
     *rc = v == IPCC_VMM_DONE ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
@@ -305,12 +305,12 @@ static int range_call(int slot, uint64_t ptr, size_t size, range_ask_fn ask, ran
     ipcc_unlock();
     if (answered(v, &ops, &rc)) {
         if (v == IPCC_VMM_DONE) {
-            ipcc_evict_over_caps();
-            ipcc_vmm_ghost_after_release();
+            ipcc_budget_evict_over_caps();
+            ipcc_vmm_after_release();
         }
         return counted(rc);
     }
-    ipcc_vmm_wait_under_way_in(ptr, size); /* one we took may still be mapped or reserved there */
+    ipcc_vmm_close_wait(ptr, size); /* one we took may still be mapped or reserved there */
     rc = real(ptr, size);
     if (rc == CUDA_SUCCESS && done) {
         ipcc_lock();
@@ -359,10 +359,10 @@ int ipcc_vmm_map_call(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
             IPCC_COUNT(vmm_map_hits);
         return counted(rc);
     }
-    ipcc_vmm_wait_under_way_in(ptr, size);
+    ipcc_vmm_close_wait(ptr, size);
     rc = real(ptr, size, offset, handle, flags);
     if (out_of_memory(rc)) {
-        ipcc_give_way_all();
+        ipcc_budget_give_way_all();
         rc = real(ptr, size, offset, handle, flags);
     }
     if (rc == CUDA_SUCCESS) {

@@ -14,7 +14,7 @@
 
 #include <cuda.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 #include "budget.h"
 
 typedef CUresult (*range_fn)(CUdeviceptr, size_t);
@@ -47,7 +47,7 @@ static struct {
 static _Atomic int under_ways; /* listed: none is the one-load fast path */
 
 /* Lock held: the ops' unmaps and frees are under way from now on. */
-void ipcc_vmm_ops_taken(const struct ipcc_vmm_ops *ops)
+void ipcc_vmm_close_taken(const struct ipcc_vmm_ops *ops)
 {
     for (size_t i = 0, s = 0; i < ops->n; i++) {
         if (ops->v[i].op == IPCC_VMM_RELEASE)
@@ -98,7 +98,7 @@ static void wait_under_way_in(uint64_t addr, uint64_t size, unsigned kinds)
 }
 
 /* Before the app's call on [addr, addr+size) goes to the driver. */
-void ipcc_vmm_wait_under_way_in(uint64_t addr, uint64_t size)
+void ipcc_vmm_close_wait(uint64_t addr, uint64_t size)
 {
     wait_under_way_in(addr, size, 1u << IPCC_VMM_UNMAP | 1u << IPCC_VMM_FREE);
 }
@@ -110,7 +110,7 @@ static void wait_unmaps_in(uint64_t addr, uint64_t size)
 }
 
 /* Fork child: the orders under way were the parent's threads'. */
-void ipcc_vmm_under_way_reset(void)
+void ipcc_vmm_close_fork_child(void)
 {
     memset(under_way, 0, sizeof(under_way));
     atomic_store(&under_ways, 0);
@@ -155,7 +155,7 @@ static void run_op(const struct ipcc_vmm_victim *v, int evicted)
  * address frees, then the releases. A free waits for the unmaps in its range
  * that other threads took earlier (a kept chunk of a range still live then);
  * its own are done by then, so no two threads wait on each other. */
-void ipcc_vmm_run_ops(struct ipcc_vmm_ops *ops, int evicted)
+void ipcc_vmm_close_run(struct ipcc_vmm_ops *ops, int evicted)
 {
     static const enum ipcc_vmm_op phases[] = { IPCC_VMM_UNMAP, IPCC_VMM_FREE, IPCC_VMM_RELEASE };
     for (size_t p = 0; p < sizeof(phases) / sizeof(phases[0]); p++)

@@ -23,7 +23,7 @@
 
 #include <cuda.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 #include "ledger.h"
 
 static int exports_oom;

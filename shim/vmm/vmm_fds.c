@@ -24,7 +24,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 #include "budget.h"
 
 #define SHARE_OF_LIMIT 8 /* kept dups: at most 1/8 of the soft limit */
@@ -68,7 +68,7 @@ static int claim(struct ipcc_vmm_table *t, rlim_t soft)
         if (ok)
             return 1;
         if (tries == 0 && bound > 0)
-            ipcc_evict_fds_over(bound - 1); /* idle ones first, oldest first */
+            ipcc_budget_evict_fds_over(bound - 1); /* idle ones first, oldest first */
     }
     say_full(bound, soft);
     return 0;

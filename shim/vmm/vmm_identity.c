@@ -19,7 +19,7 @@
 
 #include <cuda.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 
 static _Atomic int kcmp_refused;
 

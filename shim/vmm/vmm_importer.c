@@ -12,7 +12,7 @@
  * then tagged with that export and its
  * exporter watched through ledger_helper.c, exactly as a legacy handle is:
  * the helper thread, asked by the exporter's release (or finding the
- * exporter gone), calls ipcc_vmm_ghost_let_go with the tag.
+ * exporter gone), calls ipcc_vmm_let_go with the tag.
  *
  * Letting go takes the export's idle imports, reservations and kept
  * mappings out of the table under the lock and really releases them after
@@ -32,7 +32,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "vmm.h"
+#include "vmm_impl.h"
 #include "budget.h"
 #include "ledger.h"
 
@@ -98,7 +98,7 @@ static int find_export(int fd, unsigned char *tag, struct ipcc_proc *owner)
 
 /* After a real import of fd (our kept dup) that the table recorded as
  * handle: tags it with its export when some exporter listed it. */
-void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t handle, int fd)
+void ipcc_vmm_note_import(struct ipcc_vmm_table *t, uint64_t handle, int fd)
 {
     unsigned char tag[IPCC_HANDLE_BYTES];
     struct ipcc_proc owner;
@@ -108,7 +108,7 @@ void ipcc_vmm_ghost_note_import(struct ipcc_vmm_table *t, uint64_t handle, int f
     int tagged = ipcc_vmm_import_tag(t, handle, tag);
     ipcc_unlock();
     if (tagged)
-        ipcc_ghost_note_open(tag); /* watch the exporter; start the helper */
+        ipcc_ledger_note_import(tag); /* watch the exporter; start the helper */
 }
 
 /* ---- letting go --------------------------------------------------------------- */
@@ -124,16 +124,16 @@ static uint64_t release_idle_of(struct ipcc_vmm_table *t, const void *tag, size_
     size_t n = ipcc_vmm_take_idle_by_tag(t, tag, &ops, live, &live_bytes);
     if (*live && ipcc_keyset_add(&doomed, tag) < 0)
         ipcc_log(IPCC_LOG_DEBUG, "too many released VMM exports still in use; one stays kept");
-    ipcc_vmm_ops_taken(&ops);
+    ipcc_vmm_close_taken(&ops);
     ipcc_unlock();
-    ipcc_vmm_run_ops(&ops, 0);
+    ipcc_vmm_close_run(&ops, 0);
     IPCC_ADD(releases_on_request, n);
     return live_bytes;
 }
 
 /* The exporter released (or took with it) the export behind tag. Called by
  * ledger_helper.c for every tag; legacy handles are not ours. */
-void ipcc_vmm_ghost_let_go(const void *tag)
+void ipcc_vmm_let_go(const void *tag)
 {
     struct ipcc_vmm_table *t = ipcc_budget_vmm();
     size_t live;
@@ -155,7 +155,7 @@ static uint64_t let_go_of_tag(const unsigned char *tag, int *in_use, void *table
 /* After the table answered a release, unmap or address free itself: one
  * load, unless an export was released while in use here; then what of it
  * went idle is released for real. */
-void ipcc_vmm_ghost_after_release(void)
+void ipcc_vmm_after_release(void)
 {
     struct ipcc_vmm_table *t = ipcc_budget_vmm();
     if (ipcc_keyset_count(&doomed) == 0 || !t)

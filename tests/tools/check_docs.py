@@ -15,7 +15,9 @@ prints one line per problem (none: the check passes).
             in its order (peers in one row)
   comments  every file a comment of shim/, tests/, tools/ or the Makefile names
             is a tracked file (or an outside one on EXTERNAL), and every
-            README "X" or <doc>.md "X" it cites is a heading of that document
+            README "X" or <doc>.md "X" it cites is a heading of that document;
+            every ipcc_X / IPCC_X a comment of shim/ names is a name of shim/'s
+            code (ipcc_X_* or ipcc_X_: one that starts so)
 """
 
 import re
@@ -130,6 +132,8 @@ EXTERNAL = {"cuda.h", "mutant.py", "log.txt", "test_cuda_ipc_transport.py",
             "test/test_multiprocessing.py", "test/registered/unit/multimodal/test_cuda_ipc_transport.py"}
 FILE_NAME = re.compile(r"(?<![\w./$-])([\w./-]*\w\.(?:c|h|S|cu|sh|py|md|def|map|txt))\b")
 CITE = re.compile(r"\b(README|[\w/-]+\.md),? \"([^\"]+)\"")
+IDENT = re.compile(r"\b((?:ipcc|IPCC)_\w*)(\*?)")
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 
 
 def comments_of(path, text):
@@ -178,6 +182,12 @@ def check_comments():
     # A path's tail names it too (the files of shim/ go without "shim/").
     names = {"/".join(f.split("/")[i:]) for f in tracked for i in range(f.count("/") + 1)}
     names |= EXTERNAL
+    # The library's own names, from its code with the comments taken out.
+    code = set()
+    for f in tracked:
+        if f.startswith("shim/") and f.endswith((".c", ".h", ".S", ".def", ".in")):
+            code |= {m.group(1) for m in IDENT.finditer(COMMENT.sub(" ", (ROOT / f).read_text(
+                encoding="utf-8", errors="replace")))}
     for f in tracked:
         if not re.match(r"(shim|tests|tools)/|Makefile$", f) or f.startswith("tools/bench/"):
             continue
@@ -193,6 +203,10 @@ def check_comments():
                 dest = heading_doc(doc)
                 if dest is None or slug(heading) not in anchors(dest):
                     print('%s:%d: cites %s "%s", which is no heading' % (f, n, doc, heading))
+            for name, glob in IDENT.findall(comment) if f.startswith("shim/") else ():
+                if not (name in code or (glob or name.endswith("_"))
+                        and any(c.startswith(name) for c in code)):
+                    print("%s:%d: names %s%s, which the code does not" % (f, n, name, glob))
 
 
 def main(argv):

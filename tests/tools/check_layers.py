@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""check_layers.py [--order LAYERS --src SRC [--cc CC --cflags FLAGS]] OBJDIR
+"""check_layers.py [--order LAYERS --src SRC [--cc CC --cflags FLAGS] [--tests DIR]] OBJDIR
 
 Every call and include between the library's files goes one way, down.
 
@@ -19,7 +19,12 @@ peers (neither uses the other) on one line, and it also fails on:
     FLAGS, -I for SRC and its folders,
     -fkeep-inline-functions) and its inline code's calls join the
     includes and the calls in one graph; a circle in it that holds two .c
-    files fails (it is one, whichever file's object shows it).
+    files fails (it is one, whichever file's object shows it);
+  - a name a folder's interface (a header not named *_impl.h) declares
+    IPCC_HIDDEN that no object of another folder uses, no file under a
+    --tests folder names and none of the header's macros or inline code
+    uses: it belongs in the folder's *_impl.h, or is static.
+    The top folder's header is exempt: no folder stands above to use it.
 A lower layer reaches an upper one only through a function the upper
 registered with it (entry/wiring.c).
 """
@@ -32,6 +37,7 @@ import sys
 import tempfile
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+HIDDEN = re.compile(r"^IPCC_HIDDEN\b([^;{]*)", re.M)
 
 
 def symbols(path):
@@ -205,7 +211,48 @@ def inline_edges(files, owner, cc, cflags):
     return out
 
 
-def check_order(args, uses, owner):
+def declared(path):
+    """The names a header declares IPCC_HIDDEN (functions, then variables)."""
+    with open(path, errors="replace") as f:
+        text = f.read()
+    names = []
+    for m in HIDDEN.finditer(text):
+        decl = re.sub(r"__attribute__\s*\(\(.*?\)\)", "", m.group(1), flags=re.S)
+        hit = re.search(r"(\w+)\s*\(", decl) or re.search(r"(\w+)\s*(?:\[|$)", decl.strip())
+        if hit:
+            names.append(hit.group(1))
+    return names
+
+
+def unshared(files, needs, owner, rank, tests):
+    """Interface names no other folder uses and no test names."""
+    top = min(rank.values(), default=0)
+    named = ""
+    for d in tests or []:
+        for base, _, names in os.walk(d):
+            for n in names:
+                if n.endswith((".c", ".h")):
+                    with open(os.path.join(base, n), errors="replace") as f:
+                        named += f.read()
+    out = []
+    for node, path in sorted(files.items()):
+        f = folder(node)
+        if not node.endswith(".h") or node.endswith("_impl.h") or "/" not in node or rank.get(f) == top:
+            continue
+        with open(path, errors="replace") as h:
+            own = h.read()
+        for name in declared(path):
+            # One the header's own macros or inline code use is theirs users'.
+            if len(re.findall(r"\b%s\b" % re.escape(name), own)) > 1:
+                continue
+            used = any(folder(a) != f and name in need for a, need in needs.items())
+            if not used and not re.search(r"\b%s\b" % re.escape(name), named):
+                out.append(f"{node} declares {name}, which no other folder uses: "
+                           f"its place is {f}/{f}_impl.h, or static")
+    return out
+
+
+def check_order(args, uses, owner, needs):
     rank = read_order(args.order)
     findings = []
 
@@ -251,6 +298,7 @@ def check_order(args, uses, owner):
                 for b in sorted(whole.get(a, set()) & set(part)):
                     why = inline.get(a, {}).get(b) if a.endswith(".h") else uses.get(a, {}).get(b)
                     print(f"  {a} -> {b}" + (f": {' '.join(sorted(why))}" if why else ""))
+    findings += unshared(files, needs, owner, rank, args.tests)
     for line in findings:
         print(f"check_layers: {line}")
     return findings
@@ -262,6 +310,7 @@ def main():
     p.add_argument("--src")
     p.add_argument("--cc")
     p.add_argument("--cflags")
+    p.add_argument("--tests", action="append")
     p.add_argument("objdir")
     args = p.parse_args()
     if args.order and not args.src:
@@ -276,7 +325,7 @@ def main():
                 for b in sorted(set(uses[a]) & set(part)):
                     print(f"  {a} -> {b}: {' '.join(sorted(uses[a][b]))}")
         return 1
-    if args.order and check_order(args, uses, owner):
+    if args.order and check_order(args, uses, owner, needs):
         return 1
     level = levels(uses)
     for n in range(max(level.values()) + 1):

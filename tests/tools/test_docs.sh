@@ -144,13 +144,18 @@ mkdir -p "$tmp/stale/tests/tools" "$tmp/stale/shim" "$tmp/stale/docs"
 cp tests/tools/check_docs.py "$tmp/stale/tests/tools/"
 printf '# Title\n\n## Files\n' >"$tmp/stale/README.md"
 printf '/* gone.c moved (README "Files"; README "How it was") */\n' >"$tmp/stale/shim/a.c"
+printf '/* ipcc_gone() and ipcc_gone_* went; ipcc_here and ipcc_he* stay */\nint ipcc_here(void);\n' \
+    >"$tmp/stale/shim/b.c"
 git -C "$tmp/stale" init -q && git -C "$tmp/stale" add -A &&
     python3 "$tmp/stale/tests/tools/check_docs.py" comments >"$tmp/diff" 2>&1
 check "docs: a comment naming a file that is gone fails" \
     grep -qx 'shim/a.c:1: names gone.c, which is no file' "$tmp/diff"
 check "docs: a comment citing a heading that is not there fails" \
-    eval "grep -qx 'shim/a.c:1: cites README \"How it was\", which is no heading' \"$tmp/diff\" &&
-          [[ \$(wc -l <\"$tmp/diff\") -eq 2 ]]"
+    grep -qx 'shim/a.c:1: cites README "How it was", which is no heading' "$tmp/diff"
+check "docs: a comment of shim/ naming a function or prefix the code lacks fails" \
+    eval "grep -qx 'shim/b.c:1: names ipcc_gone, which the code does not' \"$tmp/diff\" &&
+          grep -qx 'shim/b.c:1: names ipcc_gone_\*, which the code does not' \"$tmp/diff\" &&
+          [[ \$(wc -l <\"$tmp/diff\") -eq 4 ]]"
 
 # A results/ path the README or docs/performance.md names that is not there fails.
 mkdir -p "$tmp/runs/tests/tools" "$tmp/runs/docs" "$tmp/runs/results/2026-01-01-gpu"

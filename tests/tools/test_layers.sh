@@ -4,7 +4,8 @@
 # down the folders' order in shim/layers.txt: tests/tools/check_layers.py
 # reads the built objects' symbols (nm), the sources' includes and each header
 # compiled alone, and fails on a circle, an upward or sideways call or include,
-# an include of another folder's private header, a circle through headers
+# an include of another folder's private header, a circle through headers,
+# an interface naming what only its own folder uses
 # (docs/design.md says which layer registers what with which).
 # Also checks that the check itself sees each of those planted in small trees.
 
@@ -18,13 +19,14 @@ build=${IPCC_TEST_BUILD:-build}
 cc=${CC:-cc}
 TAP_SHOW="$tmp/out"
 check_layers() { python3 "$root/tests/tools/check_layers.py" "$@" >"$tmp/out" 2>&1; }
-ordered() { # ordered TREE: the check of TREE's objects against TREE's layers.txt
-    check_layers --order "$1/layers.txt" --src "$1/src" --cc "$cc" --cflags=-std=gnu11 "$1/obj"
+ordered() { # ordered TREE [ARG...]: the check of TREE's objects against TREE's layers.txt
+    check_layers --order "$1/layers.txt" --src "$1/src" --cc "$cc" --cflags=-std=gnu11 "${@:2}" "$1/obj"
 }
 
 if [[ -d $build/shim ]]; then
     check_layers --order "$root/shim/layers.txt" --src "$root/shim" --cc "$cc" \
-        --cflags="-std=gnu11 -I${CUDA_HOME:-/usr/local/cuda}/include" "$build/shim"
+        --cflags="-std=gnu11 -I${CUDA_HOME:-/usr/local/cuda}/include" --tests "$root/tests/unit" \
+        "$build/shim"
     check "layers: every call and include goes down shim/layers.txt" test $? -eq 0
     cat "$tmp/out"
 else
@@ -105,6 +107,17 @@ put "$t" low/low.c '#include "low_impl.h"\nvoid low(void) { }\nvoid low_inner(vo
 put "$t" high/high.c '#include "low_impl.h"\nvoid high(void) { low_inner(); }\n'
 check "layers: an include of another folder's private header fails" \
     finds "check_layers: include of another folder's private header high/high -> low/low_impl.h"
+
+# The low folder's interface declares low_inner, which only low/ uses: its
+# place is the folder's private header. A name a test uses (tests/) stays.
+plant "$t" high,mid,low
+put "$t" low/low.h '#define IPCC_HIDDEN\nIPCC_HIDDEN void low(void);\nIPCC_HIDDEN void low_inner(void);\n'
+put "$t" low/low.c '#include "low.h"\nvoid low(void) { low_inner(); }\nvoid low_inner(void) { }\n'
+check "layers: an interface declaring a name only its own folder uses fails" \
+    finds "check_layers: low/low.h declares low_inner, which no other folder uses: its place is low/low_impl.h, or static"
+mkdir -p "$t/tests" && printf 'void low(void), low_inner(void);\nint main(void) { low(); low_inner(); }\n' >"$t/tests/t.c"
+build_tree "$t" && ordered "$t" --tests "$t/tests"
+check "layers: the same name used by a test passes" test $? -eq 0
 
 # Files a and b include the header two, whose inline code calls a; a calls b:
 # the objects alone show a -> b only, the header makes it a circle.

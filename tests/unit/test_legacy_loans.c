@@ -1,8 +1,9 @@
 /*
- * test_loans.c - entries lent to threads, the table alone: a thread's calls
- * on its loan, its loan taken back by itself and by other threads, an
- * owner's calls racing recalls, what a recall folds back (idle time, the top
- * list), lending with the budget full, and a fork child's slots.
+ * test_legacy_loans.c - entries lent to threads, the table alone: a
+ * thread's calls on its loan, its loan taken back by itself and by other
+ * threads, an owner's calls racing recalls, what a recall folds back (idle
+ * time, the top list), lending with the budget full, and a fork child's
+ * slots.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -14,20 +15,20 @@
 #define CTX 1
 #define ROOM 1000000
 
-static struct ipcc_cache *cache;
+static struct ipcc_legacy_table *cache;
 
 static void setup(void)
 {
-    cache = ipcc_cache_create();
+    cache = ipcc_legacy_table_create();
     cr_assert_not_null(cache);
 }
 
 static void teardown(void)
 {
-    ipcc_cache_destroy(cache);
+    ipcc_legacy_table_destroy(cache);
 }
 
-TestSuite(loans, .init = setup, .fini = teardown, .timeout = 10);
+TestSuite(legacy_loans, .init = setup, .fini = teardown, .timeout = 10);
 
 static unsigned char *handle(unsigned char tag)
 {
@@ -46,29 +47,29 @@ static uint64_t dptr_of(unsigned char tag)
  * and is lent it, as legacy_calls.c does on a miss or a locked hit. */
 static void take_and_borrow(unsigned char tag)
 {
-    struct ipcc_key k;
+    struct ipcc_legacy_key k;
     uint64_t p;
-    ipcc_key_init(&k, CTX, handle(tag), 1);
-    if (!ipcc_cache_acquire(cache, &k, &p))
-        cr_assert_eq(ipcc_cache_insert(cache, &k, NULL, dptr_of(tag), 4096, 1, &p), 1);
-    cr_assert_eq(ipcc_cache_lend_recent(cache, 2, ROOM, ROOM), 1, "entry %d lent", tag);
+    ipcc_legacy_key_init(&k, CTX, handle(tag), 1);
+    if (!ipcc_legacy_find(cache, &k, &p))
+        cr_assert_eq(ipcc_legacy_insert(cache, &k, NULL, dptr_of(tag), 4096, 1, &p), 1);
+    cr_assert_eq(ipcc_legacy_loan_lend_recent(cache, 2, ROOM, ROOM), 1, "entry %d lent", tag);
 }
 
 static int open_lent(unsigned char tag)
 {
     uint64_t p = 0;
-    int hit = ipcc_cache_open_lent(CTX, handle(tag), 1, &p);
+    int hit = ipcc_legacy_loan_open(CTX, handle(tag), 1, &p);
     cr_assert(!hit || p == dptr_of(tag));
     return hit;
 }
 
 static int close_lent(unsigned char tag)
 {
-    return ipcc_cache_close_lent(CTX, dptr_of(tag), 3);
+    return ipcc_legacy_loan_close(CTX, dptr_of(tag), 3);
 }
 
 /* A thread's open and close of its loan answer without the table. */
-Test(loans, a_loan_answers_its_threads_calls)
+Test(legacy_loans, a_loan_answers_its_threads_calls)
 {
     take_and_borrow(1);
     cr_assert_eq(open_lent(1), 1);
@@ -80,13 +81,13 @@ Test(loans, a_loan_answers_its_threads_calls)
 
 /* Lending the thread another entry takes back its own loan; so does
  * returning it (a call whose order matters, or thread exit). */
-Test(loans, own_loan_comes_back)
+Test(legacy_loans, own_loan_comes_back)
 {
     take_and_borrow(1);
     take_and_borrow(2);
     cr_assert_eq(open_lent(1), 0);
     cr_assert_eq(open_lent(2), 1);
-    ipcc_cache_return_lent(cache, 0);
+    ipcc_legacy_loan_return(cache, 0);
     cr_assert_eq(open_lent(2), 0);
 }
 
@@ -130,13 +131,13 @@ static void finish_borrowers(pthread_t *t, int n)
 static void drop_context(size_t n)
 {
     ipcc_lock();
-    cr_assert_eq(ipcc_cache_drop_ctx(cache, CTX, NULL, 0), n);
+    cr_assert_eq(ipcc_legacy_drop_context(cache, CTX, NULL, 0), n);
     ipcc_unlock();
 }
 
 /* Dropping a context takes back other threads' loans of it (two threads,
  * two entries, one shared): their loans answer no more. */
-Test(loans, recall_takes_back_other_threads_loans)
+Test(legacy_loans, recall_takes_back_other_threads_loans)
 {
     pthread_t t[3];
     const long tags[3] = { 1, 2, 2 };
@@ -166,14 +167,14 @@ static void *borrow_again(void *arg)
 
 /* A loan lent again after another thread's recall answers its thread's
  * calls. */
-Test(loans, loan_lent_again_after_a_recall_answers)
+Test(legacy_loans, loan_lent_again_after_a_recall_answers)
 {
     pthread_t t;
     pthread_barrier_init(&step, NULL, 2);
     pthread_create(&t, NULL, borrow_again, NULL);
     pthread_barrier_wait(&step);
     ipcc_lock();
-    ipcc_cache_recall_all(cache);
+    ipcc_legacy_loan_recall_all(cache);
     ipcc_unlock();
     pthread_barrier_wait(&step);
     void *ret;
@@ -193,22 +194,22 @@ static _Atomic long owner_lends; /* loans its locked path made it: one per recal
 static void *hit_while_recalled(void *arg)
 {
     (void)arg;
-    struct ipcc_key k;
-    ipcc_key_init(&k, CTX, handle(1), 1);
+    struct ipcc_legacy_key k;
+    ipcc_legacy_key_init(&k, CTX, handle(1), 1);
     void *failed = NULL;
     while (!atomic_load_explicit(&owner_stop, memory_order_relaxed) && !failed) {
         uint64_t p;
         if (!open_lent(1)) {
             ipcc_lock();
-            if (!ipcc_cache_acquire(cache, &k, &p))
+            if (!ipcc_legacy_find(cache, &k, &p))
                 failed = (void *)1;
             else
-                atomic_fetch_add(&owner_lends, ipcc_cache_lend_recent(cache, 2, ROOM, ROOM));
+                atomic_fetch_add(&owner_lends, ipcc_legacy_loan_lend_recent(cache, 2, ROOM, ROOM));
             ipcc_unlock();
         }
         if (!close_lent(1)) {
             ipcc_lock();
-            if (ipcc_cache_release(cache, CTX, dptr_of(1), 3) != IPCC_RELEASE_OK)
+            if (ipcc_legacy_release(cache, CTX, dptr_of(1), 3) != IPCC_RELEASE_OK)
                 failed = (void *)2;
             ipcc_unlock();
         }
@@ -222,18 +223,18 @@ static void *hit_while_recalled(void *arg)
  * after a recall fails, so none is lost or made on a loan already taken
  * back (which would crash the next recall). Afterwards the entry is idle
  * with every reference closed. */
-Test(loans, recalls_racing_an_owner_lose_no_update, .timeout = 60)
+Test(legacy_loans, recalls_racing_an_owner_lose_no_update, .timeout = 60)
 {
     uint64_t p;
-    struct ipcc_key k;
-    ipcc_key_init(&k, CTX, handle(1), 1);
-    cr_assert_eq(ipcc_cache_insert(cache, &k, NULL, dptr_of(1), 4096, 1, &p), 1);
-    cr_assert_eq(ipcc_cache_release(cache, CTX, dptr_of(1), 1), IPCC_RELEASE_OK);
+    struct ipcc_legacy_key k;
+    ipcc_legacy_key_init(&k, CTX, handle(1), 1);
+    cr_assert_eq(ipcc_legacy_insert(cache, &k, NULL, dptr_of(1), 4096, 1, &p), 1);
+    cr_assert_eq(ipcc_legacy_release(cache, CTX, dptr_of(1), 1), IPCC_RELEASE_OK);
     pthread_t owner;
     pthread_create(&owner, NULL, hit_while_recalled, NULL);
     for (int i = 0; i < 3000; i++) {
         ipcc_lock();
-        ipcc_cache_recall_all(cache);
+        ipcc_legacy_loan_recall_all(cache);
         ipcc_unlock();
         nanosleep(&(struct timespec){ 0, 10000 }, NULL);
     }
@@ -242,12 +243,12 @@ Test(loans, recalls_racing_an_owner_lose_no_update, .timeout = 60)
     pthread_join(owner, &failed);
     cr_assert_null(failed, "the owner's locked call %ld failed", (long)failed);
     cr_assert_gt(atomic_load(&owner_lends), 100, "the owner was lent and recalled");
-    ipcc_cache_recall_all(cache);
-    struct ipcc_cache_totals t;
-    ipcc_cache_gauges_now(cache, &t);
+    ipcc_legacy_loan_recall_all(cache);
+    struct ipcc_legacy_totals t;
+    ipcc_legacy_gauges_now(cache, &t);
     cr_assert_eq(t.live, 0, "a reference left after %ld loans", atomic_load(&owner_lends));
     cr_assert_eq(t.idle, 1);
-    cr_assert_eq(ipcc_cache_release(cache, CTX, dptr_of(1), 4), IPCC_RELEASE_PAST_ZERO);
+    cr_assert_eq(ipcc_legacy_release(cache, CTX, dptr_of(1), 4), IPCC_RELEASE_PAST_ZERO);
 }
 
 /* ---- what a recall folds back ------------------------------------------------ */
@@ -265,11 +266,11 @@ static void in_thread(void *(*fn)(void *))
  * 1 when lent. */
 static int take_and_borrow_full(unsigned char tag, uint64_t now)
 {
-    struct ipcc_key k;
+    struct ipcc_legacy_key k;
     uint64_t p;
-    ipcc_key_init(&k, CTX, handle(tag), 1);
-    cr_assert_eq(ipcc_cache_acquire(cache, &k, &p), 1, "entry %d cached", tag);
-    return ipcc_cache_lend_recent(cache, now, 0, 0);
+    ipcc_legacy_key_init(&k, CTX, handle(tag), 1);
+    cr_assert_eq(ipcc_legacy_find(cache, &k, &p), 1, "entry %d cached", tag);
+    return ipcc_legacy_loan_lend_recent(cache, now, 0, 0);
 }
 
 /* Lent entry 1, closes it at 10 (its slot's last close); the loan stays. */
@@ -279,38 +280,38 @@ static void *borrow_and_close_at_10(void *arg)
     ipcc_lock();
     take_and_borrow(1);
     ipcc_unlock();
-    cr_assert_eq(ipcc_cache_close_lent(CTX, dptr_of(1), 10), 1);
+    cr_assert_eq(ipcc_legacy_loan_close(CTX, dptr_of(1), 10), 1);
     return NULL;
 }
 
 /* Entry tag, inserted and closed at now: idle since then. */
 static void idle_at(unsigned char tag, uint64_t now)
 {
-    struct ipcc_key k;
+    struct ipcc_legacy_key k;
     uint64_t p;
-    ipcc_key_init(&k, CTX, handle(tag), 1);
-    cr_assert_eq(ipcc_cache_insert(cache, &k, NULL, dptr_of(tag), 4096, now, &p), 1);
-    cr_assert_eq(ipcc_cache_release(cache, CTX, dptr_of(tag), now), IPCC_RELEASE_OK);
+    ipcc_legacy_key_init(&k, CTX, handle(tag), 1);
+    cr_assert_eq(ipcc_legacy_insert(cache, &k, NULL, dptr_of(tag), 4096, now, &p), 1);
+    cr_assert_eq(ipcc_legacy_release(cache, CTX, dptr_of(tag), now), IPCC_RELEASE_OK);
 }
 
 /* An entry lent to two threads went idle at its latest close (30, by the
  * main thread, whose slot is recalled first), not at the other slot's older
  * one (10): entry 3, idle since 20 between them, is the one evicted. */
-Test(loans, recall_keeps_the_latest_close)
+Test(legacy_loans, recall_keeps_the_latest_close)
 {
     take_and_borrow(9); /* the main thread's slot comes first */
     idle_at(1, 1);
     in_thread(borrow_and_close_at_10);
     idle_at(3, 20);
     cr_assert_eq(take_and_borrow_full(1, 25), 1);
-    cr_assert_eq(ipcc_cache_close_lent(CTX, dptr_of(1), 30), 1);
-    ipcc_cache_recall_all(cache);
+    cr_assert_eq(ipcc_legacy_loan_close(CTX, dptr_of(1), 30), 1);
+    ipcc_legacy_loan_recall_all(cache);
     uint64_t oldest = 0;
-    cr_assert_eq(ipcc_cache_oldest_idle(cache, &oldest), 1);
+    cr_assert_eq(ipcc_legacy_oldest_idle(cache, &oldest), 1);
     cr_assert_eq(oldest, 20, "entry 1 went idle at %llu, before entry 3",
                  (unsigned long long)oldest);
-    struct ipcc_victim v;
-    cr_assert_eq(ipcc_cache_evict(cache, ROOM, 1, &v, 1), 1);
+    struct ipcc_legacy_victim v;
+    cr_assert_eq(ipcc_legacy_evict(cache, ROOM, 1, &v, 1), 1);
     cr_assert_eq(v.dptr, dptr_of(3));
 }
 
@@ -318,7 +319,7 @@ Test(loans, recall_keeps_the_latest_close)
 static uint64_t top_refs(void)
 {
     static struct ipcc_top_slot top[IPCC_TOP_SLOTS];
-    ipcc_cache_top_now(cache, top);
+    ipcc_legacy_top_now(cache, top);
     for (int i = 0; i < IPCC_TOP_SLOTS; i++)
         if (top[i].used)
             return top[i].refs;
@@ -328,16 +329,16 @@ static uint64_t top_refs(void)
 
 /* A recalled loan's references show in the top list: the program holds
  * both (the one taken when lent and one more). */
-Test(loans, recall_shows_its_references_in_the_top_list)
+Test(legacy_loans, recall_shows_its_references_in_the_top_list)
 {
-    struct ipcc_key k;
+    struct ipcc_legacy_key k;
     uint64_t p;
-    ipcc_key_init(&k, CTX, handle(1), 1);
-    cr_assert_eq(ipcc_cache_insert(cache, &k, NULL, dptr_of(1), 4096, 1, &p), 1);
-    cr_assert_eq(ipcc_cache_lend_recent(cache, 2, ROOM, ROOM), 1);
+    ipcc_legacy_key_init(&k, CTX, handle(1), 1);
+    cr_assert_eq(ipcc_legacy_insert(cache, &k, NULL, dptr_of(1), 4096, 1, &p), 1);
+    cr_assert_eq(ipcc_legacy_loan_lend_recent(cache, 2, ROOM, ROOM), 1);
     cr_assert_eq(open_lent(1), 1);
     cr_assert_eq(top_refs(), 2, "while lent");
-    ipcc_cache_recall_all(cache);
+    ipcc_legacy_loan_recall_all(cache);
     cr_assert_eq(top_refs(), 2, "after the recall");
 }
 
@@ -353,7 +354,7 @@ static void *borrow_1(void *arg)
 
 /* An entry lent to one thread is lent to a second with the budget full: it
  * is counted idle once, already. */
-Test(loans, shared_entry_lent_with_the_budget_full)
+Test(legacy_loans, shared_entry_lent_with_the_budget_full)
 {
     in_thread(borrow_1);
     cr_assert_eq(take_and_borrow_full(1, 3), 1, "the second thread was not lent it");
@@ -365,11 +366,11 @@ Test(loans, shared_entry_lent_with_the_budget_full)
 /* After a fork the forking thread takes a slot of its own again: a thread of
  * the child lent one entry and the forking thread lent another count each
  * reference on its own entry. */
-Test(loans, fork_child_threads_keep_their_own_slots)
+Test(legacy_loans, fork_child_threads_keep_their_own_slots)
 {
     take_and_borrow(1); /* the forking thread's slot */
-    ipcc_cache_lent_fork_child(cache);
-    ipcc_cache_clear(cache);
+    ipcc_legacy_loan_fork_child(cache);
+    ipcc_legacy_table_clear(cache);
     pthread_t t;
     pthread_barrier_init(&step, NULL, 2);
     pthread_create(&t, NULL, borrow_then_try, (void *)2L); /* a thread of the child */
@@ -380,10 +381,10 @@ Test(loans, fork_child_threads_keep_their_own_slots)
     pthread_join(t, &opened);
     pthread_barrier_destroy(&step);
     cr_assert_eq((long)opened, 1, "the thread's loan of entry 2 answered");
-    ipcc_cache_recall_all(cache);
+    ipcc_legacy_loan_recall_all(cache);
     for (unsigned char tag = 2; tag <= 3; tag++) {
         int refs = 0;
-        while (ipcc_cache_release(cache, CTX, dptr_of(tag), 4) == IPCC_RELEASE_OK)
+        while (ipcc_legacy_release(cache, CTX, dptr_of(tag), 4) == IPCC_RELEASE_OK)
             refs++;
         cr_assert_eq(refs, tag == 2 ? 2 : 1, "entry %d had %d references", tag, refs);
     }
