@@ -26,15 +26,17 @@ if [[ -n ${IPCC_TEST_PRELOAD_PREFIX:-} ]]; then
 fi
 
 coproc EXPORTER { LD_PRELOAD=$build/libipccache.so exec "$build/tests/ghost_peer" 2>/dev/null; }
-echo "alloc 1048576" >&"${EXPORTER[1]}"
-read -r -t 10 line <&"${EXPORTER[0]}"
+# bash unsets EXPORTER and EXPORTER_PID once the coprocess has exited: copies.
+exporter_pid=$EXPORTER_PID exporter_in=${EXPORTER[1]} exporter_out=${EXPORTER[0]}
+echo "alloc 1048576" >&"$exporter_in"
+read -r -t 10 line <&"$exporter_out"
 handle=${line##* }
 printf 'open %s\nclose 0\nexit\n' "$handle" |
     ALLOC_LOCK_REPORT=1 LD_PRELOAD=$build/tests/liballoclock.so:$build/libipccache.so \
     timeout 20 "$build/tests/ghost_peer" >"$tmp/out" 2>&1
 check "alloc_locks: a cross-process import records its exporter with no allocator call under a lock" \
     bash -c '! grep -q "^alloc_lock:" "$1" && [ "$(grep -c "^ok 0" "$1")" = 2 ]' _ "$tmp/out"
-echo exit >&"${EXPORTER[1]}"
-wait "$EXPORTER_PID" 2>/dev/null
+echo exit 2>/dev/null >&"$exporter_in"
+wait "$exporter_pid" 2>/dev/null
 
 tap_summary alloc-locks
