@@ -6,7 +6,7 @@
 #ifndef IPCC_BASE_IMPL_H
 #define IPCC_BASE_IMPL_H
 
-#include "base.h"
+#include "log.h"
 
 IPCC_HIDDEN void ipcc_log_set_level(enum ipcc_log_level level); /* the messages shown */
 

@@ -17,6 +17,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "config.h"
+#include "fmt.h"
 #include "base_impl.h"
 
 #define DEFAULT_MAX_IDLE_BYTES (8ULL << 30)

@@ -9,9 +9,11 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
-#include "base.h"
+#include "driver.h"
+#include "log.h"
 
 void *(*ipcc_real_dlsym)(void *, const char *);
 

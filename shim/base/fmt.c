@@ -5,7 +5,7 @@
  */
 #include <string.h>
 
-#include "base.h"
+#include "fmt.h"
 
 /* Appends what fits; a cut is remembered in o->cut. */
 void ipcc_out_str(struct ipcc_out *o, const char *s)

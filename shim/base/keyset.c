@@ -11,7 +11,8 @@
  */
 #include <string.h>
 
-#include "base.h"
+#include "keyset.h"
+#include "lock.h"
 
 static long index_of(const struct ipcc_keyset *s, const void *key, size_t n)
 {

@@ -21,7 +21,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 
-#include "base.h"
+#include "lock.h"
 
 /* How often the exit path tries before it gives up on a lock another thread
  * holds; critical sections are a hash lookup, so a few yields suffice. */

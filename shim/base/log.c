@@ -7,9 +7,11 @@
  * Not for signal handlers (vsnprintf): stats.c has its own writer.
  */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "base_impl.h"
 
 #define MAX_MESSAGES 1000

@@ -11,7 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base.h"
+#include "proc.h"
+#include "fmt.h"
+#include "lock.h"
 
 /* Start time of pid in clock ticks after boot (field 22 of /proc/pid/stat);
  * 0 if it is gone, a zombie (its mappings died with it), or /proc cannot

@@ -18,13 +18,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "base.h"
+#include "userdir.h"
+#include "fmt.h"
+#include "log.h"
 
 #define DIR_NAME "ipccache"
 #define TMP_FALLBACK "/tmp/ipccache-"

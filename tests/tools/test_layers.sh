@@ -108,6 +108,19 @@ put "$t" high/high.c '#include "low_impl.h"\nvoid high(void) { low_inner(); }\n'
 check "layers: an include of another folder's private header fails" \
     finds "check_layers: include of another folder's private header high/high -> low/low_impl.h"
 
+# A module's header (as base/log.h) is the folder's own: others reach it
+# through the folder's umbrella header only.
+plant "$t" high,mid,low
+put "$t" low/log.h 'void low_log(void);\n'
+put "$t" low/low.h '#include "log.h"\nvoid low(void);\n'
+put "$t" low/log.c '#include "log.h"\nvoid low_log(void) { }\n'
+put "$t" high/high.c '#include "low.h"\nvoid high(void) { low_log(); }\n'
+build_tree "$t" && ordered "$t"
+check "layers: another folder reaching a module's header through the umbrella passes" test $? -eq 0
+put "$t" high/high.c '#include "log.h"\nvoid high(void) { low_log(); }\n'
+check "layers: another folder including a module's header directly fails" \
+    finds "check_layers: include of another folder's private header high/high -> low/log.h"
+
 # The low folder's interface declares low_inner, which only low/ uses: its
 # place is the folder's private header. A name a test uses (tests/) stays.
 plant "$t" high,mid,low
