@@ -38,7 +38,13 @@
 #    buckets while the engine forwards; A1/B/A2, legacy and expandable,
 #    SGLang's cache off and on; tables in engine.md and summary.md (skipped,
 #    said so, without `make peer-fetch`'s copy). BENCH_TP=N: N scheduler ranks.
-# 9. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
+# 9. tools/bench/soak_gpu.py (soak, not in the default set): the engine's
+#    serving (SGLang's cache off, BENCH_SOAK_REQUESTS requests) and
+#    BENCH_SOAK_STEPS per-tensor weight syncs, legacy and expandable, without
+#    and with the library, values checked (--check); every process's RSS and
+#    fds and the device's memory sampled each second; soak.md and
+#    raw/soak.png hold the verdict (flat with the library as without).
+# 10. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
 #    (also printed: the tables for the README's Performance section); then
 #    tools/bench/bench_vmm_report.py adds the tables of 3-5 to summary.md.
 # With two or more GPUs, everything but 5 is also run across devices (GPU0 -> GPU1).
@@ -54,6 +60,8 @@
 #   BENCH_PROFILE=1 the engine part also writes torch.profiler tables (raw/profiles/):
 #                 serving batches 20-35 (their figures then carry the profiler's cost),
 #                 one extra, untimed weight-sync step
+#   BENCH_SOAK_REQUESTS, BENCH_SOAK_STEPS  the soak's serving requests and weight syncs
+#                 per pass (default 1500 and 100; quick: 200 and 20)
 #   BENCH_SHAPES  the part shapes' list (default one,one_synced,reversed,shuffled,all,buckets,two)
 #   PEER_DIR      where `make peer-fetch` put sglang/ (default .peer)
 #   CUDA_HOME     default /usr/local/cuda; NVCC, PYTHON may override the tools
@@ -80,6 +88,7 @@ if [ "$QUICK" = 1 ]; then
     VMM_ITERS=50 TORCH_ARGS=(--features 200 --steps 10 --warmup 2) GHOST_ITERS=20
     SGLANG_CODE_ARGS=(--features 200 --warmup 10)
     ENGINE_SERVE_ARGS=(--requests 48 --burst 24 --warmup 8) ENGINE_SYNC_ARGS=(--steps 3 --warmup 1)
+    SOAK_REQUESTS=${BENCH_SOAK_REQUESTS:-200} SOAK_STEPS=${BENCH_SOAK_STEPS:-20}
 else
     REPS=${BENCH_REPS:-3}
     IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
@@ -88,6 +97,7 @@ else
     VMM_ITERS=200 TORCH_ARGS=(--features 500 --steps 60 --warmup 5) GHOST_ITERS=200
     SGLANG_CODE_ARGS=(--features 500 --warmup 20)
     ENGINE_SERVE_ARGS=(--requests 128 --burst 48 --warmup 12) ENGINE_SYNC_ARGS=(--steps 6 --warmup 1)
+    SOAK_REQUESTS=${BENCH_SOAK_REQUESTS:-1500} SOAK_STEPS=${BENCH_SOAK_STEPS:-100}
 fi
 RUN_TIMEOUT=300
 
@@ -385,6 +395,28 @@ report_engine() {
     done
 }
 
+# The GPU soak: each piece x allocator without, then with the library, every
+# process of the run sampled (tools/bench/soak_gpu.py sample).
+bench_soak() {
+    local alloc piece pass label
+    sglang_tree soak || return
+    for alloc in legacy expandable; do
+        for piece in serve sync; do
+            local -a args=(serve --caches off --burst 0 --warmup 12 --requests "$SOAK_REQUESTS")
+            [ "$piece" = sync ] && args=(sync --modes tensor --steps "$SOAK_STEPS" --warmup 5)
+            for pass in without with; do
+                label=A1
+                [ "$pass" = with ] && label=B
+                note "soak $piece $alloc $pass"
+                with_sglang "$label" "soak_${piece}_$alloc" "$((RUN_TIMEOUT * 3))" PYTHONUNBUFFERED=1 \
+                    "$PYTHON" tools/bench/soak_gpu.py sample --out "$RAW/soak_${piece}_${alloc}_$pass.csv" -- \
+                    "$PYTHON" tools/bench/engine/engine_bench.py "${args[@]}" --allocs "$alloc" --check \
+                    --label "$label" --timeout 600 --out "$RAW/soak_${piece}_${alloc}_$pass.json"
+            done
+        done
+    done
+}
+
 bench_ipc_sglang() {
     local rep dev have_torch=$1
     build_ipcbench || exit 1
@@ -409,7 +441,7 @@ main() {
     local have_torch=0 started=$SECONDS
     DEVS=(0)
     [ "$NGPU" -ge 2 ] && DEVS=(0 1)
-    if part sglang || part sglang-code || part torch || part shapes || part engine; then
+    if part sglang || part sglang-code || part torch || part shapes || part engine || part soak; then
         torch_ready && have_torch=1
         [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: the PyTorch benchmarks are skipped"
     fi
@@ -423,6 +455,7 @@ main() {
     if part ghost; then bench_ghost; fi
     if part hitpath; then bench_hitpath; fi
     if part engine && [ "$have_torch" = 1 ]; then bench_engine; fi
+    if part soak && [ "$have_torch" = 1 ]; then bench_soak; fi
     note "measurements took $((SECONDS - started)) s"
     if part ipc || part sglang; then
         "$PYTHON" tools/bench/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
@@ -430,6 +463,9 @@ main() {
     fi
     if part sglang-code; then report_sglang_code || FAILURES=$((FAILURES + 1)); fi
     if part engine; then report_engine || FAILURES=$((FAILURES + 1)); fi
+    if part soak; then
+        "$PYTHON" tools/bench/soak_gpu.py report "$RAW" | tee "$OUT/soak.md" || FAILURES=$((FAILURES + 1))
+    fi
     if part vmm || part torch || part shapes || part ghost; then
         "$PYTHON" tools/bench/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
     fi

@@ -58,6 +58,8 @@ SYNC_MODES = ("tensor", "bucket")
 # (the IPC close), the final wait for the copies.
 SYNC_PHASES = ("queue_wait", "enqueue_forwards", "deserialize", "unflatten", "copy", "release",
                "final_sync")
+# The producer's features cycle through this many source tensors.
+FEATURE_SOURCES = 4
 
 # Qwen2.5-VL-3B-Instruct's published config.json (the values that shape the
 # computation); its language model is Qwen2.5-3B's.
@@ -148,6 +150,9 @@ def summarize_phase(records, t_start_ns, t_end_ns):
         "gpu_busy_share": (gpu_ms / 1e3) / elapsed if elapsed > 0 else None,
         "batches": len(batches),
         "mean_batch": n / len(batches) if batches else None,
+        # Features whose reconstructed values differed from their source
+        # (--check; 0 without it).
+        "wrong_features": sum(r.get("wrong", 0) for r in records),
     }
 
 
@@ -201,6 +206,10 @@ def parse_args(argv):
         s.add_argument("--label", default="", help="a name for this run in the report (A1, B, A2)")
         s.add_argument("--profile-dir", help="write a torch.profiler table of a stretch of the run "
                        "here (serve: scheduler batches 20-35; sync: the last step in the engine)")
+        s.add_argument("--check", action="store_true",
+                       help="check values: serve, each reconstructed feature against its source's "
+                       "checksum; sync, the trainer negates its weights before each step and the "
+                       "engine's weights are compared with the trainer's after the last")
     s = sub.choices["serve"]
     s.add_argument("--tp", type=_positive("--tp"), default=1,
                    help="scheduler ranks, one per GPU, each reconstructing every feature")
@@ -314,6 +323,25 @@ def read_stats(pid):
     return driver_read_stats(pid)
 
 
+# ----------------------------------------------------------------- values (--check)
+
+def checksum(torch, t):
+    """An exact checksum of a tensor's bytes, on its device (nothing waited
+    for): its 16-bit words as integers, each weighted by its position modulo
+    251, so that a stale, shifted or foreign buffer gives another sum."""
+    words = t.detach().contiguous().reshape(-1).view(torch.int16).to(torch.int64)
+    weights = torch.arange(words.numel(), device=words.device) % 251 + 1
+    return (words * weights).sum()
+
+
+def feature_source(torch, index, shape, device):
+    """The producer's index-th feature source: the same values in every
+    process (a seeded generator), so a scheduler can know its checksum."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1000 + index)
+    return torch.randn(*shape, dtype=torch.bfloat16, device=device, generator=gen)
+
+
 # ----------------------------------------------------------------- the model
 
 class Engine:
@@ -399,6 +427,8 @@ def scheduler_main(args, rank, in_q, peer_qs, done_q, result_q, ready_q):
         for n in sorted({1, args.max_batch}):
             engine.prefill(warm[:n]).cpu()
         del warm
+        expected = [checksum(torch, feature_source(torch, i, (engine.patches, engine.per_patch), dev))
+                    for i in range(FEATURE_SOURCES)] if args.check else None
         torch.cuda.synchronize()
     except Exception as exc:
         ready_q.put((rank, os.getpid(), f"{type(exc).__name__}: {exc}"))
@@ -415,12 +445,14 @@ def scheduler_main(args, rank, in_q, peer_qs, done_q, result_q, ready_q):
 
     def launch(batch):
         nonlocal batch_no
-        feats, transport = [], []
-        for _rid, _t, proxy in batch:
+        feats, transport, same = [], [], []
+        for rid, _t, proxy in batch:
             t0 = time.monotonic_ns()
             feats.append(proxy.reconstruct_on_target_device(rank, consumer_count=1, consumer_rank=rank))
             proxy.reconstruct_tensor = None  # the scheduler holds the tensor, not the proxy
             transport.append(time.monotonic_ns() - t0)
+            if expected is not None:
+                same.append(checksum(torch, feats[-1]) == expected[rid % FEATURE_SOURCES])
         fwd.wait_stream(torch.cuda.current_stream(dev))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(fwd):
@@ -433,21 +465,24 @@ def scheduler_main(args, rank, in_q, peer_qs, done_q, result_q, ready_q):
             f.record_stream(fwd)
         batch_no += 1
         return {"batch": batch, "transport": transport, "host": host, "start": start, "end": end,
-                "no": batch_no}
+                "no": batch_no, "same": same}
 
     def complete(item):
         item["end"].synchronize()
+        wrong = [0 if bool(s) else 1 for s in item["same"]] or [0] * len(item["batch"])
         if rank == 0:
             for _ in peer_qs:
-                done_q.get(timeout=args.timeout)
+                _no, peer_wrong = done_q.get(timeout=args.timeout)
+                wrong = [a + b for a, b in zip(wrong, peer_wrong)]
         t_first = time.monotonic_ns()
         gpu_ms = item["start"].elapsed_time(item["end"])
         if rank == 0:
-            for (rid, t_issue, _p), tr in zip(item["batch"], item["transport"]):
+            for (rid, t_issue, _p), tr, bad in zip(item["batch"], item["transport"], wrong):
                 result_q.put({"rid": rid, "t_issue": t_issue, "t_first": t_first, "transport_ns": tr,
-                              "batch": item["no"], "gpu_ms": gpu_ms, "size": len(item["batch"])})
+                              "batch": item["no"], "gpu_ms": gpu_ms, "size": len(item["batch"]),
+                              "wrong": bad})
         else:
-            done_q.put(item["no"])
+            done_q.put((item["no"], wrong))
 
     while True:
         if rank == 0:
@@ -505,7 +540,7 @@ def producer_main(args, sched_q, result_q, ready_q, out_q):
                                           spec["temporal_patch_size"], spec["in_chans"])
     pool = MmItemMemoryPool(memory_size=args.pool_mb << 20, recycle_interval=MM_ITEM_MEMORY_POOL_RECYCLE_INTERVAL,
                             base_gpu_id=0, consumer_count=args.tp)
-    sources = [torch.randn(patches, per_patch, dtype=torch.bfloat16, device="cuda:0") for _ in range(4)]
+    sources = [feature_source(torch, i, (patches, per_patch), "cuda:0") for i in range(FEATURE_SOURCES)]
     phases, error = [], None
     try:
         ranks = [ready_q.get(timeout=args.timeout) for _ in range(args.tp)]
@@ -517,7 +552,7 @@ def producer_main(args, sched_q, result_q, ready_q, out_q):
 
         def issue(cache_on):
             t_issue = time.monotonic_ns()
-            src = sources[state["rid"] % len(sources)]
+            src = sources[state["rid"] % FEATURE_SOURCES]
             proxy = pool.wrap_tensor(src, use_pool_handle_cache=cache_on)
             deadline = time.monotonic() + args.timeout
             while proxy is None:  # full until the scheduler's acks recycle a slice
@@ -709,6 +744,11 @@ def trainer_main(args, mode, req_q, ack_q, out_q):
         steps, phases = [], []
         # A profiled step runs last, beyond --steps, and is not timed.
         for step in range(args.steps + (1 if args.profile_dir else 0)):
+            if args.check:  # new values every step: a stale mapping would show
+                with torch.no_grad():
+                    for _name, t in named:
+                        t.neg_()
+                torch.cuda.synchronize()
             t0 = time.monotonic_ns()
             keep, serialize_ns = [], 0
             if mode == "tensor":
@@ -736,8 +776,14 @@ def trainer_main(args, mode, req_q, ack_q, out_q):
             forwards = done.pop("forwards")
             phases.append(dict(done, trainer_serialize_ms=serialize_ns / 1e6))
         req_q.put(None)
-        out_q.put({"step_ms": steps, "phases_ms": phases, "forwards": forwards, "tensors": len(named),
-                   "bytes": sum(t.numel() * t.element_size() for _, t in named), "error": None})
+        result = {"step_ms": steps, "phases_ms": phases, "forwards": forwards, "tensors": len(named),
+                  "bytes": sum(t.numel() * t.element_size() for _, t in named), "error": None}
+        if args.check:
+            theirs = ack_q.get(timeout=args.timeout)["checksums"]
+            ours = {name: int(checksum(torch, t)) for name, t in named}
+            result["checked_tensors"] = len(ours)
+            result["wrong_tensors"] = sum(1 for name, v in ours.items() if theirs.get(name) != v)
+        out_q.put(result)
     except Exception as exc:
         req_q.put(None)
         out_q.put({"step_ms": [], "error": f"{type(exc).__name__}: {exc}"})
@@ -812,6 +858,8 @@ def sync_engine_main(args, mode, req_q, ack_q, pid_q):
         t_got = time.monotonic_ns()
         spent["queue_wait"] += t_got - t_wait
         if msg is None:
+            if args.check:
+                ack_q.put({"checksums": {name: int(checksum(torch, p)) for name, p in params.items()}})
             break
         if not started:
             if step_no == args.steps:  # the extra step, with --profile-dir
