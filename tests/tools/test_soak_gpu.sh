@@ -47,14 +47,17 @@ PYTHONPATH=$root/tools/bench "$PY" - >"$tmp/growth.out" 2>&1 <<'EOF'
 import soak_gpu as s
 flat = [(t, 1000) for t in range(100)]
 assert s.growth(flat) == 0.0
-ramp = [(t, 10 * t) for t in range(101)]          # 10 a second
-assert abs(s.growth(ramp) - 750) < 1e-6, s.growth(ramp)  # over the 75 s after the warm-up
+ramp = [(t, 10 * t) for t in range(25, 101)]  # 10 a second
+assert abs(s.growth(ramp) - 750) < 1e-6, s.growth(ramp)  # over its 75 s
+alive = {t: 1 if t < 10 or t > 89 else 3 for t in range(100)}  # start-up, all alive, exit
+assert s.steady(alive) == (10 + 79 * s.WARMUP_SHARE, 89), s.steady(alive)
 early = [(t, 500 if t < 20 else 1000) for t in range(100)]  # a warm-up step, then flat
-assert s.growth(early) == 0.0
+assert s.growth(s.within(early, s.steady(alive))) == 0.0
 assert s.growth([]) == 0.0 and s.growth([(0, 1), (1, 2)]) == 0.0
+assert s.steady({}) == (0.0, 0.0)
 print("growth ok")
 EOF
-expect "growth: flat, a ramp, a warm-up step, too few points" "$tmp/growth.out" '^growth ok$'
+expect "growth: flat, a ramp, the steady part, too few points" "$tmp/growth.out" '^growth ok$'
 
 # ---- the verdict -----------------------------------------------------------
 # write_pass DIR NAME FDS_PER_S DEVICE_BYTES [JSON]: a 60 s pass of two processes.

@@ -13,11 +13,15 @@
       and writes DIR/soak.png (with matplotlib). Exit status 0 when every
       check holds, 1 when one fails, 2 when files are missing.
 
-What "flat" means here: after the warm-up (the first quarter of a pass), the
-least-squares growth of the processes' summed RSS and fds over the rest of
-the pass, with the library, exceeds the same run's without by at most
-RSS_BOUND and FDS_BOUND; device memory in use at the pass's last sample is
-within DEVICE_SHARE of the run without; no wrong value (--check's counts).
+What "flat" means here: a pass's steady part is the engine's timed part (its
+requests or steps after the warm-up; the engine's JSON says how long it took),
+which ends where the stretch with all the run's processes alive ends (they
+exit right after it); without that length, the stretch less its first
+WARMUP_SHARE. Over the steady part, the least-squares growth of the
+processes' summed RSS and fds, with the library, exceeds the same run's
+without by at most RSS_BOUND and FDS_BOUND; the device memory in use (its
+median over the steady part, and once every process has exited) is within
+DEVICE_SHARE of the run without; no wrong value (--check's counts).
 """
 import argparse
 import csv
@@ -30,7 +34,7 @@ import time
 RSS_BOUND = 64 << 20   # bytes of growth over a pass, beyond the run without
 FDS_BOUND = 4          # open files of growth over a pass, beyond the run without
 DEVICE_SHARE = 0.01    # device memory in use: with within 1% of without
-WARMUP_SHARE = 0.25    # the first quarter of a pass is its warm-up
+WARMUP_SHARE = 0.4     # of the stretch where all processes are alive: the warm-up
 PASSES = ("without", "with")
 
 
@@ -121,8 +125,10 @@ def cmd_sample(args):
 
 def read_series(path):
     """{'rss': [(t, bytes summed over processes)], 'fds': [...], 'device':
-    [(t, bytes)], 'device_after': bytes or None, 'processes': n}."""
-    per_t, device, after, pids = {}, [], None, set()
+    [(t, bytes)], 'device_after': bytes or None, 'processes': n, 'steady':
+    (t0, t1), the steady part}."""
+    per_t, device, after, pids, alive = {}, [], None, set(), {}
+    timed = timed_seconds(path[:-4] + ".json")
     with open(path, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             t = float(row["t_s"])
@@ -132,21 +138,51 @@ def read_series(path):
                 after = int(row["device_used_bytes"])
             else:
                 pids.add(row["pid"])
+                alive[t] = alive.get(t, 0) + 1
                 rss, fds = per_t.get(t, (0, 0))
                 per_t[t] = (rss + int(row["rss_bytes"]), fds + int(row["fds"]))
     times = sorted(per_t)
     return {"rss": [(t, per_t[t][0]) for t in times], "fds": [(t, per_t[t][1]) for t in times],
-            "device": device, "device_after": after, "processes": len(pids)}
+            "device": device, "device_after": after, "processes": len(pids), "steady": steady(alive, timed)}
 
 
-def growth(points, warmup_share=WARMUP_SHARE):
-    """The least-squares slope of points after the warm-up, times the span it
-    covers: how much the series grew over the measured part (0 for fewer
-    than three points)."""
-    if not points:
-        return 0.0
-    start = points[0][0] + (points[-1][0] - points[0][0]) * warmup_share
-    pts = [(t, v) for t, v in points if t >= start]
+def steady(alive, timed=None, warmup_share=WARMUP_SHARE):
+    """(t0, t1): the last `timed` seconds of the stretch where the most
+    processes were alive (without `timed`, from WARMUP_SHARE into it); (0, 0)
+    without samples."""
+    if not alive:
+        return (0.0, 0.0)
+    most = max(alive.values())
+    full = sorted(t for t, n in alive.items() if n == most)
+    if timed:
+        return (max(full[0], full[-1] - timed), full[-1])
+    return (full[0] + (full[-1] - full[0]) * warmup_share, full[-1])
+
+
+def timed_seconds(path):
+    """How long the engine's timed part took (serving: its phases' elapsed
+    time; weight sync: its timed steps), from its --out file; None if absent."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            run = json.load(f)
+    except (OSError, ValueError):
+        return None
+    total = 0.0
+    for r in run.get("results", []):
+        total += sum(ph.get("elapsed_s") or 0.0 for ph in r.get("phases", []))
+        steps = r.get("step_ms") or []
+        total += sum(steps[int(run.get("args", {}).get("warmup") or 0):]) / 1e3
+    return total or None
+
+
+def within(points, span):
+    return [(t, v) for t, v in points if span[0] <= t <= span[1]]
+
+
+def growth(points):
+    """The least-squares slope of points times the span they cover: how much
+    the series grew (0 for fewer than three points)."""
+    pts = points
     if len(pts) < 3:
         return 0.0
     n = len(pts)
@@ -159,25 +195,33 @@ def growth(points, warmup_share=WARMUP_SHARE):
     return slope * (pts[-1][0] - pts[0][0])
 
 
-def last_running(points):
-    return points[-1][1] if points else None
+def median_of(points):
+    vals = sorted(v for _, v in points)
+    return vals[len(vals) // 2] if vals else None
+
+
+def near(a, b):
+    return a is not None and b is not None and b > 0 and a >= 0 and abs(a - b) <= DEVICE_SHARE * b
 
 
 def judge(without, with_lib):
     """The checks of one piece x allocator: a list of (name, held, text)."""
     checks = []
-    gw, gl = growth(without["rss"]), growth(with_lib["rss"])
+    sw, sl = without["steady"], with_lib["steady"]
+    gw, gl = growth(within(without["rss"], sw)), growth(within(with_lib["rss"], sl))
     checks.append(("rss flat", gl - max(gw, 0.0) <= RSS_BOUND,
                    f"RSS growth after warm-up {gl / 2**20:+.1f} MiB with, {gw / 2**20:+.1f} MiB without "
                    f"(bound: {RSS_BOUND >> 20} MiB beyond without)"))
-    fw, fl = growth(without["fds"]), growth(with_lib["fds"])
+    fw, fl = growth(within(without["fds"], sw)), growth(within(with_lib["fds"], sl))
     checks.append(("fds flat", fl - max(fw, 0.0) <= FDS_BOUND,
                    f"open-fd growth after warm-up {fl:+.1f} with, {fw:+.1f} without (bound: {FDS_BOUND} beyond)"))
-    dw, dl = last_running(without["device"]), last_running(with_lib["device"])
-    ok = dw is not None and dl is not None and dw > 0 and abs(dl - dw) <= DEVICE_SHARE * dw
-    checks.append(("device memory", ok,
-                   f"device memory in use at the end {fmt_gib(dl)} with, {fmt_gib(dw)} without "
-                   f"(within {DEVICE_SHARE:.0%})"))
+    dw, dl = median_of(within(without["device"], sw)), median_of(within(with_lib["device"], sl))
+    checks.append(("device memory", near(dl, dw),
+                   f"device memory in use, median of the steady part, {fmt_gib(dl)} with, {fmt_gib(dw)} "
+                   f"without (within {DEVICE_SHARE:.0%})"))
+    aw, al = without["device_after"], with_lib["device_after"]
+    checks.append(("device memory after", near(al, aw),
+                   f"once every process exited {fmt_gib(al)} with, {fmt_gib(aw)} without"))
     return checks
 
 
