@@ -71,17 +71,13 @@ def note(msg):
 
 # ----------------------------------------------------------------- arithmetic (no torch)
 
-def counter_deltas(lines):
-    """Per sync, each counter's increase since the stats line before it; the
-    first line counts from zero (the process's start)."""
-    out, prev = [], {}
-    for line in lines:
-        if not line:
-            out.append(None)
-            continue
-        out.append({k: line.get(k, 0) - prev.get(k, 0) for k in COUNTERS})
-        prev = line
-    return out
+def counter_delta(line, prev):
+    """Each counter's increase from the stats line `prev` (None: the
+    process's start) to `line`; None without a line."""
+    if not line:
+        return None
+    prev = prev or {}
+    return {k: line.get(k, 0) - prev.get(k, 0) for k in COUNTERS}
 
 
 def summarize(records, warmup):
@@ -89,8 +85,8 @@ def summarize(records, warmup):
     with step_ms, values_ok, engine/trainer free bytes, phases, stats."""
     timed = records[warmup:]
     steps = sorted(r["step_ms"] for r in timed)
-    deltas = counter_deltas([r.get("engine_stats") for r in records])[warmup:]
-    tdeltas = counter_deltas([r.get("trainer_stats") for r in records])[warmup:]
+    deltas = [r.get("engine_delta") for r in timed]
+    tdeltas = [r.get("trainer_delta") for r in timed]
     last = records[-1] if records else {}
     free = [r["engine_free"] for r in records]
     out = {
@@ -625,6 +621,7 @@ def trainer_main(args, alloc, conn, out_q):
         named = list(model.named_parameters())
         init_dist(torch, "trainer")
         k = 0
+        prev = {"engine": None, "trainer": None}  # the last stats lines, across cases
         for case in args.cases:
             result = {"alloc": alloc, "case": case, "error": None, "records": {}, "engine_pid": ready[1]}
             results.append(result)
@@ -642,13 +639,17 @@ def trainer_main(args, alloc, conn, out_q):
                         step = (time.perf_counter_ns() - t0) / 1e6
                         got = link.call(("end",))
                         free, _ = torch.cuda.mem_get_info()
-                        recs.append({"step_ms": step, "values_ok": got["sums"] == want,
+                        mine = stats_now()
+                        deltas = {f"{side}_delta": counter_delta(line, prev[side])
+                                  for side, line in (("engine", got["stats"]), ("trainer", mine))}
+                        prev = {"engine": got["stats"] or prev["engine"], "trainer": mine or prev["trainer"]}
+                        recs.append({**deltas, "step_ms": step, "values_ok": got["sums"] == want,
                                      "engine_free": got["free"], "trainer_free": free,
                                      "engine_reserved": got["reserved"],
                                      "trainer_reserved": torch.cuda.memory_reserved(),
                                      "engine_fds": got["fds"], "trainer_fds": open_fds(),
                                      "phases": got["phases"], "engine_stats": got["stats"],
-                                     "trainer_stats": stats_now()})
+                                     "trainer_stats": mine})
                     note(f"{args.label} {alloc} {case} {state}: step p50 "
                          f"{eb.median([r['step_ms'] for r in recs[args.warmup:]]):.1f} ms, values "
                          f"{'same' if all(r['values_ok'] for r in recs) else 'DIFFER'}")

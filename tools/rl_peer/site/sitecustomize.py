@@ -101,6 +101,8 @@ class BaseModelActor:
 STAND_INS = {
     "vllm.config.utils": {"config": dataclasses.dataclass},
     "vllm.config.parallel": {"ParallelConfig": type("ParallelConfig", (), {})},
+    "vllm.model_executor": {},  # the two below's parents: not fetched
+    "vllm.model_executor.model_loader": {},
     "vllm.model_executor.model_loader.reload": {
         "initialize_layerwise_reload": lambda model: None,
         "finalize_layerwise_reload": lambda model, model_config: None},
