@@ -54,7 +54,7 @@ def check_manifest(fetched, required=REQUIRED, what="sglang"):
             names.append(name)
     for name in required:
         if name not in names:
-            fail(f"{manifest} does not name {name}", what)
+            fail(f"{manifest} does not name {name}: run `make peer-fetch` again", what)
     return names
 
 
