@@ -242,12 +242,22 @@ def run(label, tensor_ms, free, verl_ms, ok=True):
            {"alloc": "legacy", "case": "verl", "error": None,
             "summary": {"busy": r.summarize(recs([verl_ms] * 3, 120.0, ok), 0)}}]
     json.dump({"kind": "rl", "label": label, "results": res}, open(f"{d}/rl_{label}.json", "w"))
+import os, types
+os.environ["PEER_RECORD"] = f"{d}/results.tsv"
+args = types.SimpleNamespace(states=["busy", "idle"])
+r.record_outcomes(args, {"alloc": "legacy", "case": "verl", "error": None,
+                         "summary": {"busy": r.summarize(recs([1.0], 120.0), 0)}})
+r.record_outcomes(args, {"alloc": "expandable", "case": "verl", "error": None,
+                         "summary": {"busy": r.summarize(bad, 0)}})
+lines = open(f"{d}/results.tsv").read().splitlines()
+assert lines == ["rl::legacy::verl::busy\tpassed", "rl::legacy::verl::idle\tfailed",
+                 "rl::expandable::verl::busy\tfailed", "rl::expandable::verl::idle\tfailed"], lines
 run("A1", 300.0, 120.0, 100.0)
 run("B", 100.0, 118.0, 105.0, ok=False)
 run("A2", 320.0, 120.0, 101.0)
 print("arith: fine")
 EOF
-expect "counters per sync, a case's summary, bad syncs named" "$tmp/arith.out" '^arith: fine$'
+expect "counters per sync, a case's summary, bad syncs named, outcomes for make peer" "$tmp/arith.out" '^arith: fine$'
 run report report "$tmp/rl_A1.json" "$tmp/rl_B.json" "$tmp/rl_A2.json"
 expect_status "report: three files" $? 0
 expect "report: a row shows A1 / B / A2 and the gain" "$tmp/report.out" \

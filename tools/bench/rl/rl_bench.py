@@ -687,10 +687,24 @@ def run_alloc(args, alloc):
         r["summary"] = {s: summarize(recs, args.warmup) for s, recs in r["records"].items() if recs}
         if r["error"] is None and any(r["summary"][s]["bad_syncs"] for s in r["summary"]):
             r["error"] = "a received weight differed from the trainer's"
+        record_outcomes(args, r)
     if any(codes) and not any(r["error"] for r in results):
         results.append({"alloc": alloc, "case": "exit", "error": f"exit status: trainer {codes[0]}, "
                         f"engine {codes[1]}", "records": {}, "summary": {}})
     return results
+
+
+def record_outcomes(args, result):
+    """Each case x state as a test of `make peer` (tools/peer_record.py, when
+    PEER_RECORD is set): passed when every sync ran and every value was the
+    trainer's, else failed."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    from peer_record import emit
+    for state in args.states:
+        test_id = f"rl::{result['alloc']}::{result['case']}::{state}"
+        s = result["summary"].get(state)
+        ok = result["error"] is None and s is not None and s["values_ok"]
+        emit(test_id, "passed" if ok else "failed")
 
 
 def cmd_run(args):
