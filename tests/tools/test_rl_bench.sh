@@ -101,15 +101,14 @@ mk_fetched() {  # mk_fetched DIR
 mk_fetched "$tmp/rl"
 "$PY" "$PREPARE" "$tmp/rl" "$tmp/tree" >"$tmp/prep.out" 2>&1
 expect_status "prepare: a whole copy unpacks" $? 0
-[[ -f $tmp/tree/src/vllm/distributed/weight_transfer/ipc_engine.py ]] && ok "prepare: the files are in TREE/src" ||
-    not_ok "prepare: the files are in TREE/src"
+check "prepare: the files are in TREE/src" test -f "$tmp/tree/src/vllm/distributed/weight_transfer/ipc_engine.py"
 prep_fail() {  # prep_fail NAME WHAT PATTERN: prepare stops (2) on the broken copy $tmp/rlb, saying PATTERN
     "$PY" "$PREPARE" "$tmp/rlb" "$tmp/treeb" >"$tmp/$1.out" 2>&1
     expect_status "prepare: $2 stops the run (status 2)" $? 2
     expect "prepare: $2 is named" "$tmp/$1.out" "$3"
     # shellcheck disable=SC2016  # the backquotes are the message's own
     expect "prepare: $2: make peer-fetch is named" "$tmp/$1.out" 'make peer-fetch'
-    [[ ! -e $tmp/treeb ]] && ok "prepare: $2: nothing unpacked" || not_ok "prepare: $2: nothing unpacked"
+    check "prepare: $2: nothing unpacked" test ! -e "$tmp/treeb"
 }
 cp -r "$tmp/rl" "$tmp/rlb" && rm "$tmp/rlb/deps.tar.xz"
 prep_fail missing "a missing file" 'missing .*/rlb/deps.tar.xz \(MANIFEST names it\)'
@@ -192,6 +191,10 @@ class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 sys.meta_path.insert(0, Finder())
 EOF
+    imports_ok() {  # imports_ok MODULE: it imports on the fetched tree, output in $tmp/imp.out
+        RL_PEER_DEPS=$tmp/real/deps PYTHONPATH=$tmp/real/src:$SITE:$tmp/anytorch \
+            "$PY" -c "import anytorch, $1" >"$tmp/imp.out" 2>&1
+    }
     for mod in vllm.distributed.weight_transfer.ipc_engine vllm.distributed.weight_transfer.clients \
                vllm.config.weight_transfer openrlhf.trainer.ray.ppo_actor openrlhf.trainer.ray.vllm_worker_wrap \
                verl.workers.rollout.vllm_rollout.bucketed_weight_transfer; do
@@ -199,9 +202,7 @@ EOF
             skip "stand-ins: $mod imports" "pyzmq of the fetched copy is for CPython 3.12 (this is $("$PY" -V))"
             continue
         fi
-        RL_PEER_DEPS=$tmp/real/deps PYTHONPATH=$tmp/real/src:$SITE:$tmp/anytorch \
-            "$PY" -c "import anytorch, $mod" >"$tmp/imp.out" 2>&1
-        if [[ $? -eq 0 ]]; then ok "stand-ins: $mod imports"; else not_ok "stand-ins: $mod imports"; sed 's/^/#   /' "$tmp/imp.out" | tail -n 5; fi
+        TAP_SHOW=$tmp/imp.out check "stand-ins: $mod imports" imports_ok "$mod"
     done
 else
     skip "stand-ins: each project's modules import" "no fetched copy at $FETCHED (make peer-fetch; or RL_TEST_FETCHED)"
