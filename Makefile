@@ -15,7 +15,8 @@
 #   make bench           benchmarks on a real GPU
 #   make bench-standin   the RL weight sync's VMM calls on the stand-in: the library's own cost
 #   make peer            PyTorch's and numba's own IPC tests, without and with the cache
-#   make peer-fetch      SGLang's release and test for PEER_SUITES=sglang make peer (needs the network)
+#   make peer-fetch      SGLang's release and test, and vLLM's, verl's and OpenRLHF's weight-sync files,
+#                        for PEER_SUITES=sglang|rl make peer and BENCH_PARTS=rl make bench (needs the network)
 #   make demo            show the main job (simulated without a GPU)
 #   make wheel           build/dist/ipccache-*.whl (pip install it)
 #   make install         PREFIX=/usr/local DESTDIR=
@@ -330,7 +331,7 @@ bench-standin: $(LIB) $(BUILD)/tools/standin_rl $(BUILD)/tools/standin_hits
 	@bash tools/bench/standin_report.sh $(BUILD) $(abspath $(LIB))
 
 # PEER_DIR holds a copy of PyTorch's test/test_multiprocessing.py and what
-# peer-fetch put in PEER_DIR/sglang (never committed).
+# peer-fetch put in PEER_DIR/sglang and PEER_DIR/rl (never committed).
 PEER_DIR ?= .peer
 peer:
 	@$(BUILT_LIB)
@@ -338,6 +339,7 @@ peer:
 
 peer-fetch:
 	@bash tools/sglang_peer/fetch.sh $(PEER_DIR)
+	@bash tools/rl_peer/fetch.sh $(PEER_DIR)
 
 demo:
 	@echo "demo: building the library, the stand-in driver and the probe$(QUIET_NOTE)"

@@ -22,6 +22,15 @@
 #                       per-feature medians and the consumer's hits are printed.
 #                       Either part alone: PEER_SUITES=sglang-unit or sglang-driver.
 #                       A missing or changed fetched file stops the run (status 2).
+#   rl                  vLLM's, verl's and OpenRLHF's own weight-sync code (not in the
+#                       default set: it needs `make peer-fetch`, which puts PEER_DIR/rl/
+#                       in place), driven by tools/bench/rl/rl_bench.py with a few
+#                       syncs per case: each case x allocator x engine state is a
+#                       test that passes when every received weight is the
+#                       trainer's. None of the three releases ships a test of this
+#                       code (vLLM's wheel ships no tests; verl's and OpenRLHF's
+#                       tests/ hold none of it), so this is the comparison.
+#                       A missing or changed fetched file stops the run (status 2).
 # PyTorch's wheels do not ship their tests: put a copy of test/test_multiprocessing.py,
 # best from the installed release's tag, in PEER_DIR; it is other people's code,
 # keep it out of this repository (.peer/ is the default because it can be ignored).
@@ -187,6 +196,16 @@ run_sglang_driver() {
         sed 's/^/peer:   /' "$OUT_DIR/sglang-driver/table.md"
 }
 
+run_rl() {
+    local tree=$OUT_DIR/rl-tree
+    [ -n "$TORCH_VERSION" ] || { note "rl: skipped: $PYTHON cannot import torch with CUDA"; return; }
+    "$PYTHON" "$TOOLS/rl_peer/prepare.py" "$PEER_DIR/rl" "$tree" || exit 2
+    note "rl: $(tr '\n' ' ' <"$PEER_DIR/rl/VERSIONS")from $PEER_DIR/rl"
+    run_suite rl -u PYTORCH_CUDA_ALLOC_CONF "PYTHONPATH=$tree/src:$TOOLS/rl_peer/site" \
+        "RL_PEER_DEPS=$tree/deps" VLLM_ALLOW_INSECURE_SERIALIZATION=1 -- \
+        "$PYTHON" "$TOOLS/bench/rl/rl_bench.py" run --syncs 3 --warmup 0 --out @RUN@/rl.json
+}
+
 run_numba() {
     local name=numba-cuda module
     if ! module=$("${RECORD[@]}" find "${NUMBA_MODULES[@]}" 2>/dev/null); then
@@ -226,7 +245,7 @@ note "$NGPU GPU(s); shim $LIB; runner $RUNNER; torch ${TORCH_VERSION:-none}; res
 
 for suite in $SUITES; do
     case $suite in
-        pytorch|pytorch-expandable|numba-cuda|sglang|sglang-unit|sglang-driver) ;;
+        pytorch|pytorch-expandable|numba-cuda|sglang|sglang-unit|sglang-driver|rl) ;;
         *) echo "peer: unknown suite '$suite' in PEER_SUITES" >&2; exit 2 ;;
     esac
 done
@@ -240,6 +259,7 @@ for suite in $SUITES; do
         sglang) run_sglang_unit; run_sglang_driver ;;
         sglang-unit) run_sglang_unit ;;
         sglang-driver) run_sglang_driver ;;
+        rl) run_rl ;;
     esac
 done
 [ "$DIFFERING" -eq 0 ]

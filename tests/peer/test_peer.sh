@@ -285,6 +285,12 @@ grep -v ' deps.tar.xz$' "$tmp/sg/sglang/MANIFEST" >"$tmp/sgb/sglang/MANIFEST"
 sg_fail sg-unlisted "a MANIFEST without one of the fetched files"
 expect "sglang: the file MANIFEST lacks is named" "$tmp/sg-unlisted.out" 'MANIFEST does not name deps.tar.xz'
 
+# The RL projects' suite: no fetched copy stops it before anything runs.
+sg rl-none "$tmp/sgb" PEER_SUITES=rl
+expect_status "rl: no fetched copy is a setup error" $? 2
+# shellcheck disable=SC2016  # the backquotes are the message's own
+expect "rl: no fetched copy: make peer-fetch is named" "$tmp/rl-none.out" 'peer: rl: no .*rl/MANIFEST: run `make peer-fetch`'
+
 # The driver's arguments and its report need no GPU and no torch.
 drv=$root/tools/sglang_peer/driver.py
 "$PY" "$drv" run --configs legacy:maybe >"$tmp/drv.out" 2>&1

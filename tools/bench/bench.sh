@@ -44,7 +44,15 @@
 #    and with the library, values checked (--check); every process's RSS and
 #    fds and the device's memory sampled each second; soak.md and
 #    raw/soak.png hold the verdict (flat with the library as without).
-# 10. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
+# 10. tools/bench/rl/rl_bench.py (rl): vLLM's, verl's and OpenRLHF's own weight-sync
+#    code (the files `make peer-fetch` put in PEER_DIR/rl), a trainer and an
+#    engine with Qwen2.5-3B's shapes, every case (vLLM per tensor and packed,
+#    verl's buckets, OpenRLHF's per-parameter calls) with the engine's forwards
+#    in flight and idle, both allocators, A1/B/A2: step times, values checked
+#    every sync, free memory and the library's counters per sync; tables in
+#    rl.md and summary.md (skipped, said so, without the fetched copy).
+#    BENCH_RL: more rl_bench.py run options (e.g. "--cases vllm-tensor --syncs 5").
+# 11. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
 #    (also printed: the tables for the README's Performance section); then
 #    tools/bench/bench_vmm_report.py adds the tables of 3-5 to summary.md.
 # With two or more GPUs, everything but 5 is also run across devices (GPU0 -> GPU1).
@@ -54,7 +62,8 @@
 #   BENCH_OUT     results folder (default results/<yyyymmdd>-<gpu-name>)
 #   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
-#   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost hitpath engine")
+#   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost hitpath engine";
+#                 rl only when named)
 #   BENCH_TP      the engine part's scheduler ranks, one per GPU (default 1)
 #   BENCH_ENGINE  the engine part's pieces (default "serve sync")
 #   BENCH_PROFILE=1 the engine part also writes torch.profiler tables (raw/profiles/):
@@ -79,6 +88,7 @@ FAILURES=0
 PARTS=" ${BENCH_PARTS:-ipc sglang sglang-code vmm torch shapes ghost hitpath engine} "
 SHAPES=${BENCH_SHAPES:-one,one_synced,reversed,shuffled,all,buckets,two}
 SGLANG_FETCHED=${PEER_DIR:-.peer}/sglang
+RL_FETCHED=${PEER_DIR:-.peer}/rl
 
 if [ "$QUICK" = 1 ]; then
     REPS=${BENCH_REPS:-1}
@@ -89,6 +99,7 @@ if [ "$QUICK" = 1 ]; then
     SGLANG_CODE_ARGS=(--features 200 --warmup 10)
     ENGINE_SERVE_ARGS=(--requests 48 --burst 24 --warmup 8) ENGINE_SYNC_ARGS=(--steps 3 --warmup 1)
     SOAK_REQUESTS=${BENCH_SOAK_REQUESTS:-200} SOAK_STEPS=${BENCH_SOAK_STEPS:-20}
+    RL_ARGS=(--syncs 5 --warmup 1)
 else
     REPS=${BENCH_REPS:-3}
     IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
@@ -98,6 +109,7 @@ else
     SGLANG_CODE_ARGS=(--features 500 --warmup 20)
     ENGINE_SERVE_ARGS=(--requests 128 --burst 48 --warmup 12) ENGINE_SYNC_ARGS=(--steps 6 --warmup 1)
     SOAK_REQUESTS=${BENCH_SOAK_REQUESTS:-1500} SOAK_STEPS=${BENCH_SOAK_STEPS:-100}
+    RL_ARGS=(--syncs 20 --warmup 2)
 fi
 RUN_TIMEOUT=300
 
@@ -417,6 +429,42 @@ bench_soak() {
     done
 }
 
+# The RL projects' weight sync (tools/bench/rl/rl_bench.py), A1/B/A2; each pass
+# runs every case, both allocators. Their files, unpacked once, and their stand-ins
+# (tools/rl_peer/site) load in every interpreter of the run.
+RL_TREE=$BUILD/rl-tree
+bench_rl() {
+    local pass
+    if [ ! -f "$RL_FETCHED/MANIFEST" ]; then
+        note "rl: skipped: no $RL_FETCHED/MANIFEST (run make peer-fetch where there is a network)"
+        return
+    fi
+    "$PYTHON" tools/rl_peer/prepare.py "$RL_FETCHED" "$RL_TREE" || { FAILURES=$((FAILURES + 1)); return; }
+    # shellcheck disable=SC2206  # BENCH_RL is several words on purpose
+    local -a extra=(${BENCH_RL:-})
+    for pass in A1 B A2; do
+        local -a envs=(-u LD_PRELOAD)
+        [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_FILE="$RAW/stats_rl_B.%p.json")
+        note "rl $pass"
+        timeout "$((RUN_TIMEOUT * 4))" env -u PYTORCH_CUDA_ALLOC_CONF "${envs[@]}" PYTHONUNBUFFERED=1 \
+            PYTHONPATH="$RL_TREE/src:tools/rl_peer/site" RL_PEER_DEPS="$RL_TREE/deps" VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
+            "$PYTHON" tools/bench/rl/rl_bench.py run "${RL_ARGS[@]}" "${extra[@]}" --label "$pass" \
+            --out "$RAW/rl_$pass.json" >"$RAW/rl_$pass.txt" 2>&1 ||
+            { note "rl $pass failed (see $RAW/rl_$pass.txt)"; FAILURES=$((FAILURES + 1)); }
+    done
+}
+
+# The RL tables into rl.md and summary.md.
+report_rl() {
+    [ -f "$RAW/rl_B.json" ] || return 0
+    {
+        echo
+        echo "## RL weight sync with the projects' own code ($(tr '\n' ' ' <"$RL_FETCHED/VERSIONS"| sed 's/ $//'); tools/bench/rl/rl_bench.py)"
+        echo
+        "$PYTHON" tools/bench/rl/rl_bench.py report "$RAW/rl_A1.json" "$RAW/rl_B.json" "$RAW/rl_A2.json" || return 1
+    } | tee -a "$OUT/rl.md" >>"$OUT/summary.md"
+}
+
 bench_ipc_sglang() {
     local rep dev have_torch=$1
     build_ipcbench || exit 1
@@ -441,7 +489,7 @@ main() {
     local have_torch=0 started=$SECONDS
     DEVS=(0)
     [ "$NGPU" -ge 2 ] && DEVS=(0 1)
-    if part sglang || part sglang-code || part torch || part shapes || part engine || part soak; then
+    if part sglang || part sglang-code || part torch || part shapes || part engine || part soak || part rl; then
         torch_ready && have_torch=1
         [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: the PyTorch benchmarks are skipped"
     fi
@@ -456,6 +504,7 @@ main() {
     if part hitpath; then bench_hitpath; fi
     if part engine && [ "$have_torch" = 1 ]; then bench_engine; fi
     if part soak && [ "$have_torch" = 1 ]; then bench_soak; fi
+    if part rl && [ "$have_torch" = 1 ]; then bench_rl; fi
     note "measurements took $((SECONDS - started)) s"
     if part ipc || part sglang; then
         "$PYTHON" tools/bench/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
@@ -466,6 +515,7 @@ main() {
     if part soak; then
         "$PYTHON" tools/bench/soak_gpu.py report "$RAW" | tee "$OUT/soak.md" || FAILURES=$((FAILURES + 1))
     fi
+    if part rl; then report_rl || FAILURES=$((FAILURES + 1)); fi
     if part vmm || part torch || part shapes || part ghost; then
         "$PYTHON" tools/bench/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
     fi

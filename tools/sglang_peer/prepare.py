@@ -19,8 +19,8 @@ import tarfile
 REQUIRED = ("VERSION", "WHEELS", "sglang-py.tar.xz", "deps.tar.xz", "test_cuda_ipc_transport.py")
 
 
-def fail(msg):
-    print(f"peer: sglang: {msg}", file=sys.stderr)
+def fail(msg, what="sglang"):
+    print(f"peer: {what}: {msg}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -32,31 +32,36 @@ def sha256(path):
     return h.hexdigest()
 
 
-def check_manifest(fetched):
-    """The names MANIFEST lists, each present and unchanged."""
+def check_manifest(fetched, required=REQUIRED, what="sglang"):
+    """The names MANIFEST lists, each present and unchanged, and every name of
+    `required` among them; otherwise exit 2 saying which (also used by
+    tools/rl_peer/prepare.py, `what` naming the fetched set)."""
     manifest = os.path.join(fetched, "MANIFEST")
     if not os.path.isfile(manifest):
         fail(f"no {manifest}: run `make peer-fetch` on a machine with the network, "
-             f"and carry {fetched} along")
+             f"and carry {fetched} along", what)
     names = []
     with open(manifest, encoding="utf-8") as f:
         for line in f:
             digest, _, name = line.strip().partition("  ")
             if not name:
-                fail(f"{manifest}: a line that is not 'sha256  name': {line.strip()!r}")
+                fail(f"{manifest}: a line that is not 'sha256  name': {line.strip()!r}", what)
             path = os.path.join(fetched, name)
             if not os.path.isfile(path):
-                fail(f"missing {path} (MANIFEST names it)")
+                fail(f"missing {path} (MANIFEST names it): run `make peer-fetch` again", what)
             if sha256(path) != digest:
-                fail(f"{path} differs from what MANIFEST says was fetched")
+                fail(f"{path} differs from what MANIFEST says was fetched: run `make peer-fetch` again", what)
             names.append(name)
-    for name in REQUIRED:
+    for name in required:
         if name not in names:
-            fail(f"{manifest} does not name {name}")
+            fail(f"{manifest} does not name {name}: run `make peer-fetch` again", what)
     return names
 
 
-def unpack(fetched, tree):
+def unpack(fetched, tree, archives=(("sglang-py.tar.xz", "src"), ("deps.tar.xz", "deps")),
+           copies=("test_cuda_ipc_transport.py",)):
+    """Each archive into TREE/folder, each copied file into TREE; once per
+    MANIFEST (TREE/MANIFEST is the stamp)."""
     stamp = os.path.join(tree, "MANIFEST")
     with open(os.path.join(fetched, "MANIFEST"), "rb") as f:
         want = f.read()
@@ -67,10 +72,11 @@ def unpack(fetched, tree):
     except OSError:
         pass
     shutil.rmtree(tree, ignore_errors=True)
-    for archive, folder in (("sglang-py.tar.xz", "src"), ("deps.tar.xz", "deps")):
+    for archive, folder in archives:
         with tarfile.open(os.path.join(fetched, archive)) as tar:
             tar.extractall(os.path.join(tree, folder), filter="data")
-    shutil.copy(os.path.join(fetched, "test_cuda_ipc_transport.py"), tree)
+    for name in copies:
+        shutil.copy(os.path.join(fetched, name), tree)
     with open(stamp, "wb") as f:  # last: a half-done unpack is redone
         f.write(want)
 

@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+#
+# test_rl_bench.sh - tests of the RL weight-sync part (tools/bench/rl/rl_bench.py,
+# tools/rl_peer/, bench.sh's part rl) without a GPU: the fetched copy's
+# manifest check (a missing or changed file stops the run naming `make
+# peer-fetch`), the stand-ins, each project's modules importing through them
+# (where the fetched copy is here: a stand-in torch plays PyTorch), the
+# report's arithmetic on made-up syncs, and the skips: no GPU (exit 77), no
+# fetched copy (make peer-fetch named).
+#
+# Prints "ok - NAME" / "not ok - NAME" per case and ends with the line
+# "rl-bench: N passed, M failed, K skipped"; exits non-zero on any failure.
+
+set -u
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(dirname "$(dirname "$here")")
+BENCH=$root/tools/bench/rl/rl_bench.py
+PREPARE=$root/tools/rl_peer/prepare.py
+SITE=$root/tools/rl_peer/site
+PY=${PYTHON:-python3}
+PY=$("$PY" -c 'import sys; print(sys.executable)') || exit 1
+FETCHED=${RL_TEST_FETCHED:-$root/.peer/rl}
+
+source "$root/tests/tap.sh"
+tap_setup rl-bench
+unset PYTORCH_CUDA_ALLOC_CONF BENCH_PARTS BENCH_RL PEER_DIR
+
+expect() {
+    if grep -Eq -- "$3" "$2"; then ok "$1"; else not_ok "$1 (no line /$3/ in $2)"; sed 's/^/#   /' "$2" | head -n 30; fi
+}
+expect_status() {
+    if [[ $2 -eq $3 ]]; then ok "$1"; else not_ok "$1 (status $2, wanted $3)"; fi
+}
+
+# Stand-in torch for the bench's own checks: a GPU or none (RL_TEST_GPUS).
+mkdir -p "$tmp/torch/torch" "$tmp/bin" "$tmp/empty"
+cat >"$tmp/torch/torch/__init__.py" <<'EOF'
+import os
+__version__ = "0.0+standin"
+class cuda:
+    @staticmethod
+    def is_available():
+        return int(os.environ.get("RL_TEST_GPUS", "0")) > 0
+    @staticmethod
+    def device_count():
+        return int(os.environ.get("RL_TEST_GPUS", "0"))
+EOF
+
+run() {  # run NAME ARGS...: the bench with the stand-in torch; output in $tmp/NAME.out
+    local name=$1
+    shift
+    PYTHONPATH=$tmp/torch timeout 60 "$PY" "$BENCH" "$@" >"$tmp/$name.out" 2>&1
+}
+
+# ---- arguments, skips -------------------------------------------------------
+run case run --cases vllm-tensor,sglang
+expect_status "an unknown case is a usage error" $? 2
+expect "an unknown case: the cases are named" "$tmp/case.out" \
+    "unknown 'sglang' \(choose from vllm-tensor, vllm-packed, verl, openrlhf\)"
+run syncs run --syncs 0
+expect_status "--syncs 0 is a usage error" $? 2
+run onefile report "$tmp/a.json"
+expect_status "report takes two or three files" $? 2
+RL_TEST_GPUS=0 run nogpu run
+expect_status "no GPU: exit 77 (skipped)" $? 77
+expect "no GPU: it says it is skipped" "$tmp/nogpu.out" '^rl: skipped: no CUDA GPU'
+RL_TEST_GPUS=1 run nofiles run
+expect_status "no fetched files: exit 2" $? 2
+# shellcheck disable=SC2016  # the backquotes are the message's own
+expect "no fetched files: make peer-fetch is named" "$tmp/nofiles.out" \
+    'the projects. files are missing: run `make peer-fetch`'
+
+# bench.sh's part rl, a GPU but no fetched copy: skipped, said so.
+printf '#!/bin/sh\necho "GPU 0: Stand-in (UUID: GPU-0)"\n' >"$tmp/bin/nvidia-smi"
+chmod +x "$tmp/bin/nvidia-smi"
+: >"$tmp/lib.so"
+RL_TEST_GPUS=1 PATH=$tmp/bin:$PATH PYTHONPATH=$tmp/torch PYTHON=$PY NVCC=/bin/false IPCCACHE_LIB=$tmp/lib.so \
+    BENCH_PARTS=rl BENCH_OUT=$tmp/res PEER_DIR=$tmp/empty timeout 60 bash "$root/tools/bench/bench.sh" \
+    >"$tmp/part.out" 2>&1
+expect_status "bench.sh part rl without the fetched copy: exit 0" $? 0
+expect "bench.sh part rl without the fetched copy: skipped, make peer-fetch named" "$tmp/part.out" \
+    'rl: skipped: no .*/rl/MANIFEST \(run make peer-fetch'
+
+# ---- the manifest check ------------------------------------------------------
+# A made-up fetched copy: the three entry files, an empty deps archive.
+mk_fetched() {  # mk_fetched DIR
+    local d=$1
+    mkdir -p "$d/src/vllm/distributed/weight_transfer" "$d/src/verl/workers/rollout/vllm_rollout" \
+        "$d/src/openrlhf/trainer/ray" "$d/deps"
+    echo "# stand-in" >"$d/src/vllm/distributed/weight_transfer/ipc_engine.py"
+    echo "# stand-in" >"$d/src/verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py"
+    echo "# stand-in" >"$d/src/openrlhf/trainer/ray/vllm_worker_wrap.py"
+    tar -C "$d/src" -cJf "$d/rl-py.tar.xz" vllm verl openrlhf
+    tar -C "$d/deps" -cJf "$d/deps.tar.xz" .
+    rm -rf "$d/src" "$d/deps"
+    printf 'vllm 0.33.0\n' >"$d/VERSIONS"
+    echo "0000  vllm-0.33.0.whl" >"$d/WHEELS"
+    (cd "$d" && sha256sum VERSIONS WHEELS rl-py.tar.xz deps.tar.xz >MANIFEST)
+}
+mk_fetched "$tmp/rl"
+"$PY" "$PREPARE" "$tmp/rl" "$tmp/tree" >"$tmp/prep.out" 2>&1
+expect_status "prepare: a whole copy unpacks" $? 0
+check "prepare: the files are in TREE/src" test -f "$tmp/tree/src/vllm/distributed/weight_transfer/ipc_engine.py"
+prep_fail() {  # prep_fail NAME WHAT PATTERN: prepare stops (2) on the broken copy $tmp/rlb, saying PATTERN
+    "$PY" "$PREPARE" "$tmp/rlb" "$tmp/treeb" >"$tmp/$1.out" 2>&1
+    expect_status "prepare: $2 stops the run (status 2)" $? 2
+    expect "prepare: $2 is named" "$tmp/$1.out" "$3"
+    # shellcheck disable=SC2016  # the backquotes are the message's own
+    expect "prepare: $2: make peer-fetch is named" "$tmp/$1.out" 'make peer-fetch'
+    check "prepare: $2: nothing unpacked" test ! -e "$tmp/treeb"
+}
+cp -r "$tmp/rl" "$tmp/rlb" && rm "$tmp/rlb/deps.tar.xz"
+prep_fail missing "a missing file" 'missing .*/rlb/deps.tar.xz \(MANIFEST names it\)'
+rm -rf "$tmp/rlb" && cp -r "$tmp/rl" "$tmp/rlb" && echo "verl 0.9.1" >>"$tmp/rlb/VERSIONS"
+prep_fail changed "a changed file" 'VERSIONS differs from what MANIFEST says was fetched'
+rm -rf "$tmp/rlb" && cp -r "$tmp/rl" "$tmp/rlb" && rm "$tmp/rlb/MANIFEST"
+prep_fail nomanifest "no MANIFEST" 'no .*rlb/MANIFEST'
+rm -rf "$tmp/rlb" && cp -r "$tmp/rl" "$tmp/rlb" && grep -v ' WHEELS$' "$tmp/rl/MANIFEST" >"$tmp/rlb/MANIFEST"
+prep_fail unlisted "a MANIFEST without WHEELS" 'MANIFEST does not name WHEELS'
+
+# ---- the stand-ins (no torch needed) -----------------------------------------
+# The fetched tree's folders, empty: the stand-ins sit in its namespace packages.
+mkdir -p "$tmp/ns/vllm/config" "$tmp/ns/verl/workers/rollout" "$tmp/ns/openrlhf/trainer/ray" "$tmp/ns/openrlhf/utils"
+PYTHONPATH=$tmp/ns:$SITE "$PY" - >"$tmp/site.out" 2>&1 <<'EOF'
+import asyncio, dataclasses
+import ray, deepspeed
+from vllm.config.utils import config
+from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+from verl.workers.rollout.utils import ensure_async_iterator
+from openrlhf.models import Actor
+from openrlhf.trainer.ray.launcher import BaseModelActor
+from openrlhf.utils.logging_utils import init_logger
+
+@config
+class C:
+    backend: str = "nccl"
+assert dataclasses.is_dataclass(C) and C(backend="ipc").backend == "ipc"
+class A: pass
+assert ray.remote(A) is A and ray.remote(num_gpus=1)(A) is A
+class R:
+    def __init__(self, v): self.v = v
+    def result(self): return self.v
+assert ray.get([R(1), R(2)]) == [1, 2] and ray.get(R(3)) == 3
+with deepspeed.zero.GatheredParameters([1], enabled=False):
+    pass
+try:
+    deepspeed.zero.GatheredParameters([1], enabled=True)
+    raise SystemExit("ZeRO-3 gathering did not refuse")
+except RuntimeError:
+    pass
+try:
+    Actor()
+    raise SystemExit("a training name did not raise")
+except RuntimeError as exc:
+    assert "openrlhf.models.Actor is a stand-in" in str(exc), exc
+assert initialize_layerwise_reload(object()) is None
+with disable_mtp_completeness_check():
+    pass
+async def collect(it):
+    return [x async for x in ensure_async_iterator(it)]
+assert asyncio.run(collect(iter([1, 2]))) == [1, 2]
+class BaseChild(BaseModelActor): pass
+assert init_logger("x").name == "x"
+try:
+    import ray.util
+    raise SystemExit("a name not listed imported")
+except ImportError:
+    pass
+print("site: fine")
+EOF
+expect "stand-ins: ray, deepspeed, vLLM's loader hooks, verl's iterator, OpenRLHF's names" "$tmp/site.out" '^site: fine$'
+
+# Each project's modules through the stand-ins, on the fetched copy when it is
+# here; PyTorch played by a stand-in that answers any name (importing only).
+if [[ -f $FETCHED/MANIFEST ]] && "$PY" "$PREPARE" "$FETCHED" "$tmp/real" >"$tmp/real.out" 2>&1; then
+    mkdir -p "$tmp/anytorch"
+    cat >"$tmp/anytorch/anytorch.py" <<'EOF'
+import importlib.abc, importlib.machinery, sys
+from unittest.mock import MagicMock
+class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        mod = MagicMock(name=spec.name)
+        mod.__path__, mod.__name__, mod.__spec__ = [], spec.name, spec
+        return mod
+    def exec_module(self, module):
+        pass
+sys.meta_path.insert(0, Finder())
+EOF
+    imports_ok() {  # imports_ok MODULE: it imports on the fetched tree, output in $tmp/imp.out
+        RL_PEER_DEPS=$tmp/real/deps PYTHONPATH=$tmp/real/src:$SITE:$tmp/anytorch \
+            "$PY" -c "import anytorch, $1" >"$tmp/imp.out" 2>&1
+    }
+    for mod in vllm.distributed.weight_transfer.ipc_engine vllm.distributed.weight_transfer.clients \
+               vllm.config.weight_transfer openrlhf.trainer.ray.ppo_actor openrlhf.trainer.ray.vllm_worker_wrap \
+               verl.workers.rollout.vllm_rollout.bucketed_weight_transfer; do
+        if [[ $mod == verl.* ]] && ! RL_PEER_DEPS=$tmp/real/deps PYTHONPATH=$SITE "$PY" -c 'import zmq' 2>/dev/null; then
+            skip "stand-ins: $mod imports" "pyzmq of the fetched copy is for CPython 3.12 (this is $("$PY" -V))"
+            continue
+        fi
+        TAP_SHOW=$tmp/imp.out check "stand-ins: $mod imports" imports_ok "$mod"
+    done
+else
+    skip "stand-ins: each project's modules import" "no fetched copy at $FETCHED (make peer-fetch; or RL_TEST_FETCHED)"
+fi
+
+# ---- the arithmetic and the report -------------------------------------------
+PYTHONPATH=$root/tools/bench/rl "$PY" - "$tmp" >"$tmp/arith.out" 2>&1 <<'EOF'
+import json, sys
+import rl_bench as r
+d = sys.argv[1]
+G = 1 << 30
+assert r.counter_delta(None, {"opens": 3}) is None
+assert r.counter_delta({"opens": 5, "hits": 4}, None)["opens"] == 5
+delta = r.counter_delta({"opens": 9, "hits": 7, "vmm_maps": 2}, {"opens": 5, "hits": 4})
+assert delta["opens"] == 4 and delta["hits"] == 3 and delta["vmm_maps"] == 2 and delta["evictions"] == 0, delta
+
+def recs(steps, free_gib, ok=True, opens=434, hits=0):
+    out = []
+    for i, s in enumerate(steps):
+        out.append({"step_ms": s, "values_ok": ok, "engine_free": free_gib * G + i, "trainer_free": 100 * G,
+                    "engine_reserved": 7 * G, "trainer_reserved": 8 * G, "engine_fds": 60, "trainer_fds": 50,
+                    "phases": {"rebuild_ms": s / 2, "load_ms": 1.0},
+                    "engine_delta": {**dict.fromkeys(r.COUNTERS, 0), "opens": opens, "hits": hits},
+                    "engine_stats": {"idle_bytes": G, "ghost_bytes": 0, "live": 0, "idle": 3}})
+    return out
+s = r.summarize(recs([900.0, 100.0, 300.0, 200.0], 120.0), 1)
+assert s["syncs"] == 4 and s["timed"] == 3 and s["step_p50_ms"] == 200.0 and s["step_p99_ms"] == 300.0, s
+assert s["values_ok"] and s["bad_syncs"] == [] and abs(s["engine_free_last_gib"] - 120.0) < 1e-6, s
+assert s["phase_p50_ms"] == {"load_ms": 1.0, "rebuild_ms": 100.0}, s
+assert s["engine_per_sync"]["opens"] == 434 and s["engine_fds"] == [60, 60], s
+bad = recs([1.0, 2.0], 120.0)
+bad[1]["values_ok"] = False
+assert r.summarize(bad, 0)["bad_syncs"] == [1]
+
+def run(label, tensor_ms, free, verl_ms, ok=True):
+    res = [{"alloc": "legacy", "case": "vllm-tensor", "error": None,
+            "summary": {"busy": r.summarize(recs([tensor_ms] * 3, free, hits=430 if label == "B" else 0), 0)}},
+           {"alloc": "legacy", "case": "verl", "error": None,
+            "summary": {"busy": r.summarize(recs([verl_ms] * 3, 120.0, ok), 0)}}]
+    json.dump({"kind": "rl", "label": label, "results": res}, open(f"{d}/rl_{label}.json", "w"))
+import os, types
+os.environ["PEER_RECORD"] = f"{d}/results.tsv"
+args = types.SimpleNamespace(states=["busy", "idle"])
+r.record_outcomes(args, {"alloc": "legacy", "case": "verl", "error": None,
+                         "summary": {"busy": r.summarize(recs([1.0], 120.0), 0)}})
+r.record_outcomes(args, {"alloc": "expandable", "case": "verl", "error": None,
+                         "summary": {"busy": r.summarize(bad, 0)}})
+lines = open(f"{d}/results.tsv").read().splitlines()
+assert lines == ["rl::legacy::verl::busy\tpassed", "rl::legacy::verl::idle\tfailed",
+                 "rl::expandable::verl::busy\tfailed", "rl::expandable::verl::idle\tfailed"], lines
+run("A1", 300.0, 120.0, 100.0)
+run("B", 100.0, 118.0, 105.0, ok=False)
+run("A2", 320.0, 120.0, 101.0)
+print("arith: fine")
+EOF
+expect "counters per sync, a case's summary, bad syncs named, outcomes for make peer" "$tmp/arith.out" '^arith: fine$'
+run report report "$tmp/rl_A1.json" "$tmp/rl_B.json" "$tmp/rl_A2.json"
+expect_status "report: three files" $? 0
+expect "report: a row shows A1 / B / A2 and the gain" "$tmp/report.out" \
+    '^\| vllm-tensor \| legacy \| busy \| 300.0 / \*\*100.0\*\* / 320.0 \| .* \| 3.10x \| same \| 120.00 / \*\*118.00\*\* / 120.00 \|$'
+expect "report: the main target, met" "$tmp/report.out" \
+    'vLLM per tensor, legacy, forwards in flight: 3.10x faster a step with the library \(target: at least 2.5x: met\)'
+expect "report: a cell slower with the library is flagged" "$tmp/report.out" \
+    'verl, legacy, busy: slower with the library than a run without \(105.0 ms against 100.0\)'
+expect "report: memory past 1% is flagged" "$tmp/report.out" \
+    'vllm-tensor, legacy, busy: free memory after the last sync -1.7% with the library \(target: within 1%\)'
+expect "report: values that differ are flagged" "$tmp/report.out" \
+    '^\| verl \| legacy \| busy \| .* \| DIFFER \|'
+expect "report: the library's counters per sync" "$tmp/report.out" \
+    '^\| vllm-tensor \| legacy \| busy \| 434 / 430 \| 0 / 0 \| 0 / 0 \| 0 \| 0 / 0 \| 1.00 \| 0.00 \| 60 → 60 \|$'
+expect "report: where a sync goes" "$tmp/report.out" '^\| vllm-tensor \| legacy \| busy \| rebuild_ms \| 150.0 / \*\*50.0\*\* / 160.0 \|$'
+echo '{"kind": "sync", "results": []}' >"$tmp/other.json"
+run mixed report "$tmp/rl_A1.json" "$tmp/other.json"
+expect_status "report: another bench's file is refused" $? 2
+
+tap_summary rl-bench
