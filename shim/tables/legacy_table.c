@@ -134,6 +134,7 @@ static void remove_entry(struct ipcc_legacy_table *c, struct ipcc_entry *e,
         v->ctx_id = e->key.ctx_id;
         v->dptr = e->pkey.dptr;
         v->bytes = e->bytes;
+        memcpy(v->handle, e->key.handle, IPCC_HANDLE_BYTES);
     }
     (*n)++;
     unlink_entry(c, e);
@@ -422,9 +423,21 @@ size_t ipcc_legacy_evict(struct ipcc_legacy_table *c, uint64_t max_idle_bytes,
     return n;
 }
 
-/* Removes idle entries of every context but keep_ctx_id (at most cap) and
- * describes them in out[]; the caller closes them. */
+/* Whether test accepts the handle of one of the entry's keys. */
+static int any_key(const struct ipcc_entry *e, ipcc_legacy_handle_test test, void *arg)
+{
+    if (test(e->key.handle, arg))
+        return 1;
+    for (const struct ipcc_alias *a = e->aliases; a; a = a->next)
+        if (test(a->key.handle, arg))
+            return 1;
+    return 0;
+}
+
+/* Removes idle entries of every context but keep_ctx_id that in_the_way
+ * accepts (at most cap) and describes them in out[]; the caller closes them. */
 size_t ipcc_legacy_evict_other_contexts(struct ipcc_legacy_table *c, uint64_t keep_ctx_id,
+                                        ipcc_legacy_handle_test in_the_way, void *arg,
                                         struct ipcc_legacy_victim *out, size_t cap)
 {
     struct ipcc_entry *e, *tmp;
@@ -433,7 +446,7 @@ size_t ipcc_legacy_evict_other_contexts(struct ipcc_legacy_table *c, uint64_t ke
     DL_FOREACH_SAFE(c->lru, e, tmp) {
         if (n == cap)
             break;
-        if (e->key.ctx_id != keep_ctx_id)
+        if (e->key.ctx_id != keep_ctx_id && any_key(e, in_the_way, arg))
             remove_entry(c, e, out, cap, &n);
     }
     return n;

@@ -1223,3 +1223,32 @@ Test(ghost, vmm_import_miss_frees_a_killed_exporters_entries, .timeout = 40)
     finish(&imp);
     finish(&exp);
 }
+
+/* ---- an open refused in a second context ---------------------------------- */
+
+Test(ghost, refused_open_closes_only_what_may_be_in_its_way, .timeout = 60)
+{
+    /* The driver lets one exporter's handles be open in one context per device: an open in a second context refused because the first still uses that handle closes the idle mappings that may be in its way (the same exporter's) and none of another exporter's, which cannot be (the old code closed every idle mapping of every other context). */
+    enum { N = 8 };
+    struct peer p, q, imp;
+    start(&p, "exporter_p", NULL);
+    start(&q, "exporter_q", NULL);
+    start(&imp, "importer", NULL);
+    for (int i = 0; i < N; i++) {
+        struct exported e = export(&q, MIB);
+        import(&imp, &e, 1);
+    }
+    struct exported used = export(&p, MIB), idle = export(&p, MIB);
+    import(&imp, &used, 0);
+    import(&imp, &idle, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "unmaps")), 0);
+    ok(&imp, ask(&imp, "ctx_new"));
+    cr_assert_str_eq(ask(&imp, "open %s", used.hex), "err 400",
+                     "the driver's refusal, as without the cache");
+    long long closed = ok(&imp, ask(&imp, "unmaps"));
+    cr_assert(eq(llong, closed, 1), "%lld idle mappings of the first context closed: only the "
+                                    "same exporter's one may be in the way", closed);
+    finish(&imp);
+    finish(&q);
+    finish(&p);
+}
