@@ -500,10 +500,16 @@ const struct ipcc_top_slot *ipcc_legacy_table_top(const struct ipcc_legacy_table
     return c->top;
 }
 
+static int same_handle(const void *handle, void *wanted)
+{
+    return memcmp(handle, wanted, IPCC_HANDLE_BYTES) == 0;
+}
+
 /* Removes idle entries of the allocation behind handle, in any context (at
  * most cap), describing them in out[]; the caller closes them. Adds to
  * *live_bytes the bytes of its entries still referenced (left in place).
- * Used when the exporter frees that allocation. */
+ * Used when the exporter frees that allocation: an entry opened first
+ * through another handle of it holds this one as an alias. */
 size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *handle,
                                        struct ipcc_legacy_victim *out, size_t cap,
                                        uint64_t *live_bytes)
@@ -512,7 +518,7 @@ size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *
     size_t n = 0;
     recall_all(c);
     HASH_ITER(hh_key, c->by_key, e, tmp) {
-        if (memcmp(e->key.handle, handle, IPCC_HANDLE_BYTES) != 0)
+        if (!any_key(e, same_handle, (void *)handle))
             continue;
         if (e->refs > 0)
             *live_bytes += e->bytes;

@@ -11,7 +11,8 @@
  *   open HEX         cuIpcOpenMemHandle: "ok IDX"
  *   close IDX        cuIpcCloseMemHandle: "ok RC"
  *   refs IDX         the driver's reference count of that mapping: "ok N"
- *   reexport IDX     cuIpcGetMemHandle of allocation IDX again: "ok HANDLE_HEX"
+ *   reexport IDX O   cuIpcGetMemHandle again, of the pointer O bytes inside
+ *                    allocation IDX: "ok HANDLE_HEX"
  *   ctx_new          a context of its own on device 0, made current: "ok CTX"
  *   ctx CTX          makes context CTX current (0: the primary): "ok RC"
  *   unmaps           the mappings the stand-in really unmapped so far: "ok N"
@@ -130,7 +131,8 @@ static void cmd_alloc(const char *arg, int export)
 static void cmd_reexport(const char *arg)
 {
     CUipcMemHandle h;
-    CUresult rc = cuIpcGetMemHandle(&h, ptr_at(arg));
+    const char *offset = strchr(arg, ' ');
+    CUresult rc = cuIpcGetMemHandle(&h, ptr_at(arg) + (offset ? strtoull(offset, NULL, 10) : 0));
     if (rc != CUDA_SUCCESS)
         return reply("err %lld", rc);
     printf("ok ");
