@@ -43,6 +43,5 @@ IPCC_HIDDEN void ipcc_budget_evict_over_caps(void);
 IPCC_HIDDEN void ipcc_budget_evict_fds_over(size_t keep);
 IPCC_HIDDEN void ipcc_budget_give_way_all(void);
 IPCC_HIDDEN void ipcc_budget_release_all(void);
-IPCC_HIDDEN size_t ipcc_budget_release_elsewhere(uint64_t keep_ctx_id);
 
 #endif

@@ -102,21 +102,3 @@ void ipcc_budget_release_all(void)
     const struct ipcc_budget all = { 0, 0, 1 };
     close_in_batches(take_idle, &all, 0);
 }
-
-static size_t take_other_contexts(const void *arg, struct ipcc_legacy_victim *out, size_t cap,
-                                  size_t *nout, struct ipcc_vmm_ops *ops)
-{
-    (void)ops; /* VMM imports belong to no context */
-    *nout = ipcc_legacy_evict_other_contexts(ipcc_budget_legacy(), *(const uint64_t *)arg, out,
-                                             cap);
-    return *nout;
-}
-
-/* The driver lets one exporter's handles be open in only one context per
- * device; an idle legacy mapping we keep in another context would make an
- * open fail that succeeds without us. Closes every idle legacy mapping
- * outside keep_ctx_id; returns how many. */
-size_t ipcc_budget_release_elsewhere(uint64_t keep_ctx_id)
-{
-    return close_in_batches(take_other_contexts, &keep_ctx_id, 1);
-}

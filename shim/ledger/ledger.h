@@ -47,6 +47,7 @@ IPCC_HIDDEN void ipcc_ledger_answer(int slot, const struct ipcc_ledger_ask *ask)
 /* ledger_helper.c: the importer's side, both kinds; each kind registers
  * what it closes when an exporter lets go of a handle (or a VMM tag). */
 IPCC_HIDDEN void ipcc_ledger_note_import(const void *handle);
+IPCC_HIDDEN int ipcc_ledger_import_exporter(const void *handle, struct ipcc_proc *who);
 IPCC_HIDDEN void ipcc_ledger_helper_register(void (*let_go)(const void *handle));
 IPCC_HIDDEN void ipcc_ledger_helper_fork_child(void); /* no helper, no slot, nothing seen */
 IPCC_HIDDEN int ipcc_ledger_helper_exiting(void);

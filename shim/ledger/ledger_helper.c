@@ -316,6 +316,19 @@ static void record(const void *handle, struct ipcc_proc owner)
     ipcc_unlock();
 }
 
+/* Lock held: which exporter handle came from, as the ledger said at our miss
+ * of it; 0 when it did not say (an exporter without the library, or a record
+ * forgotten). */
+int ipcc_ledger_import_exporter(const void *handle, struct ipcc_proc *who)
+{
+    struct seen *s;
+    HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
+    if (!s)
+        return 0;
+    *who = exporters[s->exporter].who;
+    return 1;
+}
+
 /* Called after a miss whose real open was cached: from now on the exporter
  * of handle rings us when it frees it. Exporters that exited meanwhile lose
  * their idle mappings here. A handle the ledger does not know comes from an

@@ -113,14 +113,17 @@ static uint64_t mapping_bytes(uint64_t dptr)
 }
 
 /* After the driver refused a map: whether a mapping of ours in another
- * context (one process maps an allocation in one context per device) may
- * have been in the way and is gone now. Idle ones are closed here; those
- * another thread is already closing are waited for, since without the
+ * context (one process maps an exporter's handles in one context per
+ * device) may have been in the way and is gone now: only those of the same
+ * allocation or exporter (legacy_give_way.c). Idle ones are closed here;
+ * those another thread is already closing are waited for, since without the
  * cache they would have been gone before this open. */
-static int gave_way_elsewhere(uint64_t ctx_id)
+static int gave_way_elsewhere(const struct ipcc_legacy_key *key)
 {
-    size_t closed = ipcc_budget_release_elsewhere(ctx_id);
-    return (closed + ipcc_legacy_close_wait_elsewhere(ctx_id)) > 0;
+    struct ipcc_legacy_way way;
+    ipcc_legacy_way_of(&way, key->ctx_id, key->handle);
+    size_t closed = ipcc_legacy_close_in_the_way(&way);
+    return (closed + ipcc_legacy_close_wait_in_the_way(&way)) > 0;
 }
 
 /* Not cached: map for real, then record the mapping. If the table already
@@ -135,7 +138,7 @@ static CUresult open_miss(open_fn real, const struct ipcc_legacy_key *key, void 
     IPCC_COUNT(misses);
     uint64_t t0 = ipcc_clock_ns();
     CUresult rc = real(pdptr, h, flags);
-    if (rc == CUDA_ERROR_INVALID_HANDLE && gave_way_elsewhere(key->ctx_id)) {
+    if (rc == CUDA_ERROR_INVALID_HANDLE && gave_way_elsewhere(key)) {
         t0 = ipcc_clock_ns();
         rc = real(pdptr, h, flags);
     }
@@ -298,7 +301,7 @@ int ipcc_legacy_close_call(uint64_t dptr)
         return passthrough_close(real, (CUdeviceptr)dptr);
 
     /* listed, never closed as a victim */
-    const struct ipcc_legacy_victim self = { NULL, ctx_id, dptr, 0 };
+    const struct ipcc_legacy_victim self = { .ctx_id = ctx_id, .dptr = dptr };
     ipcc_lock();
     enum ipcc_release_result r =
         ipcc_legacy_release(ipcc_budget_legacy(), ctx_id, dptr, ipcc_clock_ns());

@@ -7,6 +7,7 @@
  */
 #include <cuda.h>
 #include <sched.h>
+#include <string.h>
 
 #include "legacy_impl.h"
 
@@ -57,6 +58,7 @@ int ipcc_legacy_context_id(void *ctx, uint64_t *id)
 static struct {
     uint64_t ctx_id, dptr;
     int used;
+    unsigned char handle[IPCC_HANDLE_BYTES]; /* the victim's, for a give-way's wait */
 } closing[CLOSING_SLOTS];
 
 void ipcc_legacy_close_taken(const struct ipcc_legacy_victim *v, size_t n)
@@ -68,6 +70,7 @@ void ipcc_legacy_close_taken(const struct ipcc_legacy_victim *v, size_t n)
             return;
         closing[s].ctx_id = v[i].ctx_id;
         closing[s].dptr = v[i].dptr;
+        memcpy(closing[s].handle, v[i].handle, IPCC_HANDLE_BYTES);
         closing[s].used = 1;
     }
 }
@@ -110,14 +113,17 @@ void ipcc_legacy_close_wait(uint64_t ctx_id, uint64_t dptr)
 }
 
 /* Waits for the closes other threads had in flight, when called, in any
- * context but keep_ctx_id's; returns how many. Called without the lock. */
-size_t ipcc_legacy_close_wait_elsewhere(uint64_t keep_ctx_id)
+ * context but keep_ctx_id's, of mappings in_the_way accepts (asked under the
+ * lock); returns how many. Called without the lock. */
+size_t ipcc_legacy_close_wait_elsewhere(uint64_t keep_ctx_id,
+                                        ipcc_legacy_handle_test in_the_way, void *arg)
 {
     struct { uint64_t ctx_id, dptr; } in_flight[CLOSING_SLOTS];
     size_t n = 0;
     ipcc_lock();
     for (int s = 0; s < CLOSING_SLOTS; s++)
-        if (closing[s].used && closing[s].ctx_id != keep_ctx_id) {
+        if (closing[s].used && closing[s].ctx_id != keep_ctx_id &&
+            in_the_way(closing[s].handle, arg)) {
             in_flight[n].ctx_id = closing[s].ctx_id;
             in_flight[n++].dptr = closing[s].dptr;
         }

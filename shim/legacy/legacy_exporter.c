@@ -2,10 +2,18 @@
  * legacy_exporter.c - the exporter's side of the release ledger.
  *
  * cuIpcGetMemHandle: remember the exported allocation (its base address and
- * handle) and publish the handle in the ledger, so importers learn whose it
+ * handles) and publish each handle in the ledger, so importers learn whose it
  * is. cuMemFree of such an allocation: ask the importers to close their idle
- * mappings of it, wait for them (IPCCACHE_RELEASE_WAIT_MS at most), then free
- * for real - so the memory comes back as it does without the cache.
+ * mappings of it under each handle, wait for them (IPCCACHE_RELEASE_WAIT_MS
+ * at most, for all together), then free for real - so the memory comes back
+ * as it does without the cache.
+ *
+ * The H200's driver gives one allocation the same 64 bytes at every export
+ * (of its base or a pointer inside it); a driver may give each call a handle
+ * of its own. Up to HANDLES_PER_ALLOCATION distinct ones are remembered and
+ * listed: the first and the most recent. The one a new handle pushes out is
+ * asked about at once and unlisted, so that every handle is asked about and
+ * a process that re-exports without end lists a bounded number of them.
  *
  * Frees of memory never exported cost one atomic load until the process
  * exports something, then one hash lookup under the table lock. The table
@@ -31,9 +39,14 @@ typedef CUresult (*free_v1_fn)(unsigned int);
 typedef CUresult (*free_v2_fn)(CUdeviceptr);
 
 
+#define HANDLES_PER_ALLOCATION 8
+
+/* An exported allocation: handle[0] its first handle, the others a ring of
+ * the most recent (next: the oldest of them, replaced next once full). */
 struct exported {
     uint64_t base;
-    unsigned char handle[IPCC_HANDLE_BYTES];
+    unsigned n, next;
+    unsigned char handle[HANDLES_PER_ALLOCATION][IPCC_HANDLE_BYTES];
     UT_hash_handle hh;
 };
 
@@ -63,9 +76,45 @@ static uint64_t base_of(uint64_t dptr)
     return dptr;
 }
 
+/* Lock held: adds handle to e's unless it is there; 1 when it is new. A
+ * handle pushed out to make room is copied to dropped (*was_dropped set). */
+static int add_handle(struct exported *e, const void *handle,
+                      unsigned char dropped[IPCC_HANDLE_BYTES], int *was_dropped)
+{
+    for (unsigned i = 0; i < e->n; i++)
+        if (memcmp(e->handle[i], handle, IPCC_HANDLE_BYTES) == 0)
+            return 0;
+    unsigned at = e->n;
+    if (at == HANDLES_PER_ALLOCATION) {
+        at = 1 + e->next;
+        e->next = (e->next + 1) % (HANDLES_PER_ALLOCATION - 1);
+        memcpy(dropped, e->handle[at], IPCC_HANDLE_BYTES);
+        *was_dropped = 1;
+    } else {
+        e->n++;
+    }
+    memcpy(e->handle[at], handle, IPCC_HANDLE_BYTES);
+    return 1;
+}
+
+/* A handle no longer remembered: importers let go of it now, as at a free,
+ * and it leaves the ledger. */
+static void let_go_early(const unsigned char *handle)
+{
+    static _Atomic int said;
+    if (!atomic_exchange_explicit(&said, 1, memory_order_relaxed))
+        ipcc_log(IPCC_LOG_INFO, "an allocation was exported with more than %d different "
+                                "handles: importers let go of the older ones' idle mappings "
+                                "at once", HANDLES_PER_ALLOCATION);
+    ipcc_ledger_release(handle, ipcc_config.release_wait_ms * 1000000ULL);
+    ipcc_ledger_unpublish(handle);
+}
+
 static void remember(uint64_t base, const void *handle)
 {
     struct exported *e;
+    unsigned char dropped[IPCC_HANDLE_BYTES];
+    int is_new = 0, was_dropped = 0;
     ipcc_lock();
     HASH_FIND(hh, exported, &base, sizeof(base), e);
     if (!e && (e = ipcc_mem_calloc(1, sizeof(*e))) != NULL) {
@@ -78,7 +127,7 @@ static void remember(uint64_t base, const void *handle)
         }
     }
     if (e)
-        memcpy(e->handle, handle, IPCC_HANDLE_BYTES);
+        is_new = add_handle(e, handle, dropped, &was_dropped);
     ipcc_unlock();
     if (!e) {
         ipcc_log(IPCC_LOG_WARN, "out of memory; freeing exported 0x%llx will not wait "
@@ -86,21 +135,23 @@ static void remember(uint64_t base, const void *handle)
         return;
     }
     atomic_store_explicit(&anything_exported, 1, memory_order_release);
+    if (was_dropped)
+        let_go_early(dropped);
+    if (is_new)
+        ipcc_ledger_publish(handle); /* unknown to the ledger: importers ask for all */
 }
 
-/* Takes the allocation at base off the exported set; 1 with its handle. */
-static int forget(uint64_t base, unsigned char handle[IPCC_HANDLE_BYTES])
+/* Takes the allocation at base off the exported set; NULL if it was not
+ * exported. The caller frees it. */
+static struct exported *forget(uint64_t base)
 {
     struct exported *e;
     ipcc_lock();
     HASH_FIND(hh, exported, &base, sizeof(base), e);
-    if (e) {
-        memcpy(handle, e->handle, IPCC_HANDLE_BYTES);
+    if (e)
         HASH_DEL(exported, e);
-    }
     ipcc_unlock();
-    ipcc_mem_free(e);
-    return e != NULL;
+    return e;
 }
 
 int ipcc_legacy_export_call(void *handle, uint64_t dptr)
@@ -115,8 +166,23 @@ int ipcc_legacy_export_call(void *handle, uint64_t dptr)
     if (ipcc_config.disabled)
         return rc;
     remember(base_of(dptr), handle);
-    ipcc_ledger_publish(handle); /* unknown to the ledger: importers ask for all */
     return rc;
+}
+
+/* Asks importers to let go of e's every handle, waiting for them all
+ * together (IPCCACHE_RELEASE_WAIT_MS at most), and unlists them. */
+static void release_exported(const struct exported *e)
+{
+    uint64_t deadline = ipcc_clock_ns() + ipcc_config.release_wait_ms * 1000000ULL;
+    for (unsigned i = 0; i < e->n; i++) {
+        uint64_t now = ipcc_clock_ns();
+        int late = ipcc_ledger_release(e->handle[i], deadline > now ? deadline - now : 0);
+        if (late > 0)
+            ipcc_log(IPCC_LOG_DEBUG, "%d importer(s) did not let go of 0x%llx within %llu ms",
+                     late, (unsigned long long)e->base,
+                     (unsigned long long)ipcc_config.release_wait_ms);
+        ipcc_ledger_unpublish(e->handle[i]);
+    }
 }
 
 /* Asks importers to let go of the allocation at dptr if it was exported,
@@ -126,14 +192,12 @@ int ipcc_legacy_free_call(int slot, uint64_t dptr)
     void *real = ipcc_real(slot);
     if (!real)
         return IPCC_CUDA_NO_DRIVER;
-    unsigned char handle[IPCC_HANDLE_BYTES];
-    if (atomic_load_explicit(&anything_exported, memory_order_acquire) && forget(dptr, handle)) {
-        int late = ipcc_ledger_release(handle, ipcc_config.release_wait_ms * 1000000ULL);
-        if (late > 0)
-            ipcc_log(IPCC_LOG_DEBUG, "%d importer(s) did not let go of 0x%llx within %llu ms",
-                     late, (unsigned long long)dptr,
-                     (unsigned long long)ipcc_config.release_wait_ms);
-        ipcc_ledger_unpublish(handle);
+    struct exported *e = NULL;
+    if (atomic_load_explicit(&anything_exported, memory_order_acquire))
+        e = forget(dptr);
+    if (e) {
+        release_exported(e);
+        ipcc_mem_free(e);
     }
     if (slot == IPCC_SLOT_MEM_FREE_V1)
         return ((free_v1_fn)real)((unsigned int)dptr);

@@ -1,7 +1,8 @@
 /*
  * legacy_impl.h - what the legacy kind's files share among themselves,
  * private to shim/legacy/: the list of closes in flight (legacy_close.c),
- * which an open or close that meets one of them waits on. The kind's
+ * which an open or close that meets one of them waits on, and what gives
+ * way to an open refused in another context (legacy_give_way.c). The kind's
  * interface is legacy.h.
  */
 #ifndef IPCC_LEGACY_IMPL_H
@@ -12,6 +13,22 @@
 IPCC_HIDDEN void ipcc_legacy_close_untaken(const struct ipcc_legacy_victim *v, size_t n);
 IPCC_HIDDEN int ipcc_legacy_close_pending(uint64_t ctx_id, uint64_t dptr);
 IPCC_HIDDEN void ipcc_legacy_close_wait(uint64_t ctx_id, uint64_t dptr);
-IPCC_HIDDEN size_t ipcc_legacy_close_wait_elsewhere(uint64_t keep_ctx_id);
+IPCC_HIDDEN size_t ipcc_legacy_close_wait_elsewhere(uint64_t keep_ctx_id,
+                                                    ipcc_legacy_handle_test in_the_way,
+                                                    void *arg);
+
+/* legacy_give_way.c: what may stand in the way of an open the driver
+ * refused in one context, because of our mappings in others. */
+struct ipcc_legacy_way {
+    uint64_t ctx_id;                         /* the open's context */
+    unsigned char handle[IPCC_HANDLE_BYTES]; /* the handle it opens */
+    int known;                               /* its exporter is known: */
+    struct ipcc_proc exporter;
+    int anyone;                              /* unknown, and may be anyone's */
+};
+IPCC_HIDDEN void ipcc_legacy_way_of(struct ipcc_legacy_way *w, uint64_t ctx_id,
+                                    const void *handle);
+IPCC_HIDDEN size_t ipcc_legacy_close_in_the_way(struct ipcc_legacy_way *w);
+IPCC_HIDDEN size_t ipcc_legacy_close_wait_in_the_way(struct ipcc_legacy_way *w);
 
 #endif

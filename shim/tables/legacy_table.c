@@ -134,6 +134,7 @@ static void remove_entry(struct ipcc_legacy_table *c, struct ipcc_entry *e,
         v->ctx_id = e->key.ctx_id;
         v->dptr = e->pkey.dptr;
         v->bytes = e->bytes;
+        memcpy(v->handle, e->key.handle, IPCC_HANDLE_BYTES);
     }
     (*n)++;
     unlink_entry(c, e);
@@ -422,9 +423,21 @@ size_t ipcc_legacy_evict(struct ipcc_legacy_table *c, uint64_t max_idle_bytes,
     return n;
 }
 
-/* Removes idle entries of every context but keep_ctx_id (at most cap) and
- * describes them in out[]; the caller closes them. */
+/* Whether test accepts the handle of one of the entry's keys. */
+static int any_key(const struct ipcc_entry *e, ipcc_legacy_handle_test test, void *arg)
+{
+    if (test(e->key.handle, arg))
+        return 1;
+    for (const struct ipcc_alias *a = e->aliases; a; a = a->next)
+        if (test(a->key.handle, arg))
+            return 1;
+    return 0;
+}
+
+/* Removes idle entries of every context but keep_ctx_id that in_the_way
+ * accepts (at most cap) and describes them in out[]; the caller closes them. */
 size_t ipcc_legacy_evict_other_contexts(struct ipcc_legacy_table *c, uint64_t keep_ctx_id,
+                                        ipcc_legacy_handle_test in_the_way, void *arg,
                                         struct ipcc_legacy_victim *out, size_t cap)
 {
     struct ipcc_entry *e, *tmp;
@@ -433,7 +446,7 @@ size_t ipcc_legacy_evict_other_contexts(struct ipcc_legacy_table *c, uint64_t ke
     DL_FOREACH_SAFE(c->lru, e, tmp) {
         if (n == cap)
             break;
-        if (e->key.ctx_id != keep_ctx_id)
+        if (e->key.ctx_id != keep_ctx_id && any_key(e, in_the_way, arg))
             remove_entry(c, e, out, cap, &n);
     }
     return n;
@@ -487,10 +500,16 @@ const struct ipcc_top_slot *ipcc_legacy_table_top(const struct ipcc_legacy_table
     return c->top;
 }
 
+static int same_handle(const void *handle, void *wanted)
+{
+    return memcmp(handle, wanted, IPCC_HANDLE_BYTES) == 0;
+}
+
 /* Removes idle entries of the allocation behind handle, in any context (at
  * most cap), describing them in out[]; the caller closes them. Adds to
  * *live_bytes the bytes of its entries still referenced (left in place).
- * Used when the exporter frees that allocation. */
+ * Used when the exporter frees that allocation: an entry opened first
+ * through another handle of it holds this one as an alias. */
 size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *handle,
                                        struct ipcc_legacy_victim *out, size_t cap,
                                        uint64_t *live_bytes)
@@ -499,7 +518,7 @@ size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *
     size_t n = 0;
     recall_all(c);
     HASH_ITER(hh_key, c->by_key, e, tmp) {
-        if (memcmp(e->key.handle, handle, IPCC_HANDLE_BYTES) != 0)
+        if (!any_key(e, same_handle, (void *)handle))
             continue;
         if (e->refs > 0)
             *live_bytes += e->bytes;

@@ -26,7 +26,12 @@ struct ipcc_legacy_victim {
     uint64_t ctx_id;
     uint64_t dptr;
     uint64_t bytes;
+    unsigned char handle[IPCC_HANDLE_BYTES]; /* its key's; zero when unknown */
 };
+
+/* Whether a mapping opened through handle is one the caller looks for; asked
+ * under the caller's lock of each key of an entry (its aliases too). */
+typedef int (*ipcc_legacy_handle_test)(const void *handle, void *arg);
 
 struct ipcc_legacy_table;
 
@@ -71,6 +76,7 @@ IPCC_HIDDEN size_t ipcc_legacy_evict(struct ipcc_legacy_table *c, uint64_t max_i
                                      struct ipcc_legacy_victim *out, size_t cap);
 IPCC_HIDDEN size_t ipcc_legacy_evict_other_contexts(struct ipcc_legacy_table *c,
                                                     uint64_t keep_ctx_id,
+                                                    ipcc_legacy_handle_test in_the_way, void *arg,
                                                     struct ipcc_legacy_victim *out, size_t cap);
 IPCC_HIDDEN size_t ipcc_legacy_drop_context(struct ipcc_legacy_table *c, uint64_t ctx_id,
                                             struct ipcc_legacy_victim *out, size_t cap);
@@ -90,7 +96,8 @@ ipcc_legacy_table_gauges(const struct ipcc_legacy_table *c);
 IPCC_HIDDEN const struct ipcc_top_slot *ipcc_legacy_table_top(const struct ipcc_legacy_table *c);
 IPCC_HIDDEN void ipcc_legacy_top_now(const struct ipcc_legacy_table *c, struct ipcc_top_slot *out);
 
-/* legacy_table.c: idle entries of one exporter's allocation, in any context. */
+/* legacy_table.c: idle entries of one exporter's allocation, in any context,
+ * under any of the handles it was opened with. */
 IPCC_HIDDEN size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *handle,
                                                    struct ipcc_legacy_victim *out, size_t cap,
                                                    uint64_t *live_bytes);

@@ -11,6 +11,11 @@
  *   open HEX         cuIpcOpenMemHandle: "ok IDX"
  *   close IDX        cuIpcCloseMemHandle: "ok RC"
  *   refs IDX         the driver's reference count of that mapping: "ok N"
+ *   reexport IDX O   cuIpcGetMemHandle again, of the pointer O bytes inside
+ *                    allocation IDX: "ok HANDLE_HEX"
+ *   ctx_new          a context of its own on device 0, made current: "ok CTX"
+ *   ctx CTX          makes context CTX current (0: the primary): "ok RC"
+ *   unmaps           the mappings the stand-in really unmapped so far: "ok N"
  *   fork_free IDX    a fork child frees allocation IDX and exits: "ok STATUS"
  *   fork_hold HEX    a fork child opens and closes HEX, then sleeps: "ok PID"
  *   fork_exit        a fork child exits at once (its exit handlers run): "ok STATUS"
@@ -64,6 +69,8 @@
 
 static CUdeviceptr ptrs[MAX_PTRS];
 static int nptrs;
+static CUcontext ctxs[8];
+static int nctxs;
 
 static void reply(const char *fmt, long long a)
 {
@@ -119,6 +126,43 @@ static void cmd_alloc(const char *arg, int export)
         put_hex(&h);
     }
     reply("", 0);
+}
+
+static void cmd_reexport(const char *arg)
+{
+    CUipcMemHandle h;
+    const char *offset = strchr(arg, ' ');
+    CUresult rc = cuIpcGetMemHandle(&h, ptr_at(arg) + (offset ? strtoull(offset, NULL, 10) : 0));
+    if (rc != CUDA_SUCCESS)
+        return reply("err %lld", rc);
+    printf("ok ");
+    put_hex(&h);
+    reply("", 0);
+}
+
+static void cmd_ctx_new(void)
+{
+    CUcontext c;
+    if (nctxs == (int)(sizeof(ctxs) / sizeof(ctxs[0])))
+        return reply("err %lld", -1);
+    CUresult rc = cuCtxCreate_v2(&c, 0, 0);
+    if (rc != CUDA_SUCCESS)
+        return reply("err %lld", rc);
+    ctxs[nctxs] = c;
+    reply("ok %lld", nctxs++);
+}
+
+static void cmd_ctx(const char *arg)
+{
+    int i = atoi(arg);
+    reply("ok %lld", i >= 0 && i < nctxs ? cuCtxSetCurrent(ctxs[i]) : CUDA_ERROR_INVALID_VALUE);
+}
+
+static void cmd_unmaps(void)
+{
+    struct fakecuda_counters c;
+    fakecuda_get_counters(&c);
+    reply("ok %lld", (long long)c.unmaps);
 }
 
 static void cmd_open(const char *arg)
@@ -360,6 +404,7 @@ static void setup(void)
         fprintf(stderr, "ghost_peer: cannot set up the driver\n");
         exit(2);
     }
+    ctxs[nctxs++] = ctx;
 }
 
 static void dispatch(char *cmd, char *arg)
@@ -382,6 +427,14 @@ static void dispatch(char *cmd, char *arg)
         reply("ok %lld", cuIpcCloseMemHandle(ptr_at(arg)));
     else if (strcmp(cmd, "refs") == 0)
         reply("ok %lld", fakecuda_refcount(NULL, ptr_at(arg)));
+    else if (strcmp(cmd, "reexport") == 0)
+        cmd_reexport(arg);
+    else if (strcmp(cmd, "ctx_new") == 0)
+        cmd_ctx_new();
+    else if (strcmp(cmd, "ctx") == 0)
+        cmd_ctx(arg);
+    else if (strcmp(cmd, "unmaps") == 0)
+        cmd_unmaps();
     else if (strcmp(cmd, "fork_free") == 0)
         cmd_fork_free(arg);
     else if (strcmp(cmd, "fork_exit") == 0)

@@ -552,17 +552,89 @@ Test(ghost, unlisted_handle_is_released_after_an_overflow, .timeout = 40)
     finish(&exp);
 }
 
-Test(ghost, export_of_an_inner_pointer_lets_go_at_the_allocations_free, .timeout = 40)
+/* ---- handles: one per allocation (the H200) or one per export ------------ */
+
+/* The stand-in gives every export of an allocation the same bytes, as the
+ * H200's driver does; FAKECUDA_HANDLE_PER_CALL=1 gives each its own, as a
+ * driver may. The exporter tests run both ways. */
+enum { SAME_HANDLE, HANDLE_PER_CALL };
+static const char *const handle_mode[] = { "FAKECUDA_HANDLE_PER_CALL=0",
+                                           "FAKECUDA_HANDLE_PER_CALL=1" };
+
+static struct criterion_test_params both_handle_modes(void)
+{
+    static int modes[] = { SAME_HANDLE, HANDLE_PER_CALL };
+    return cr_make_param_array(int, modes, 2);
+}
+#define BOTH_HANDLE_MODES(name) \
+    ParameterizedTestParameters(ghost, name) { return both_handle_modes(); }
+
+/* Allocation e exported again, of the pointer offset bytes inside it. */
+static struct exported reexport(struct peer *p, const struct exported *e, uint64_t offset)
+{
+    struct exported again = { .idx = e->idx };
+    const char *r = ask(p, "reexport %d %llu", e->idx, (unsigned long long)offset);
+    cr_assert_eq(sscanf(r, "ok %128s", again.hex), 1, "reexport replied \"%s\"", r);
+    return again;
+}
+
+BOTH_HANDLE_MODES(export_of_an_inner_pointer_lets_go_at_the_allocations_free)
+
+ParameterizedTest(int *mode, ghost, export_of_an_inner_pointer_lets_go_at_the_allocations_free,
+                  .timeout = 40)
 {
     /* A handle exported from a pointer inside an allocation is released when the allocation (its base) is freed. */
     struct peer exp, imp;
-    start_pair(&exp, &imp, NULL);
+    start_pair(&exp, &imp, ENV(handle_mode[*mode]));
     struct exported e;
     const char *r = ask(&exp, "alloc_inner %llu %llu", 16 * MIB, MIB);
     cr_assert_eq(sscanf(r, "ok %d %128s", &e.idx, e.hex), 2, "alloc_inner replied \"%s\"", r);
     import(&imp, &e, 1);
     free_exported(&exp, &e);
     cr_assert(eq(u64, phys(), 0), "the free of the base did not reach the importer");
+    finish(&imp);
+    finish(&exp);
+}
+
+BOTH_HANDLE_MODES(each_handle_of_a_reexported_allocation_lets_go)
+
+ParameterizedTest(int *mode, ghost, each_handle_of_a_reexported_allocation_lets_go, .timeout = 40)
+{
+    /* An allocation exported again (its base, then a pointer inside it) has one handle on the H200, one per export on another driver: at its free, importers let go of the mappings they opened through any of them (the old code asked about the last handle only). */
+    struct peer exp, a, b;
+    start(&exp, "exporter", ENV(handle_mode[*mode]));
+    start(&a, "importer_a", NULL);
+    start(&b, "importer_b", NULL);
+    struct exported first = export(&exp, 4 * MIB);
+    struct exported base = reexport(&exp, &first, 0), inner = reexport(&exp, &first, MIB);
+    int same = strcmp(first.hex, base.hex) == 0 && strcmp(base.hex, inner.hex) == 0;
+    cr_assert_eq(same, *mode == SAME_HANDLE, "the stand-in's handles: %s, %s, %s", first.hex,
+                 base.hex, inner.hex);
+    import(&a, &first, 1);
+    import(&b, &base, 1);
+    import(&b, &inner, 1); /* the same mapping, under a second handle */
+    cr_assert(eq(u64, phys(), 4 * MIB));
+    free_exported(&exp, &first);
+    cr_assert(eq(u64, phys(), 0), "an importer's idle mapping still pins the memory");
+    finish(&a);
+    finish(&b);
+    finish(&exp);
+}
+
+BOTH_HANDLE_MODES(handle_past_the_remembered_ones_still_lets_go)
+
+ParameterizedTest(int *mode, ghost, handle_past_the_remembered_ones_still_lets_go, .timeout = 40)
+{
+    /* Past the handles an allocation's exporter remembers (a driver with a handle per export, re-shared many times), the mapping an importer opened through an early one is still let go of, by the free at the latest. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV(handle_mode[*mode]));
+    struct exported first = export(&exp, 4 * MIB);
+    struct exported early = reexport(&exp, &first, 0);
+    import(&imp, &early, 1);
+    for (int i = 0; i < 20; i++)
+        reexport(&exp, &first, 0);
+    free_exported(&exp, &first);
+    cr_assert(eq(u64, phys(), 0), "the mapping of an early handle still pins the memory");
     finish(&imp);
     finish(&exp);
 }
@@ -1221,5 +1293,58 @@ Test(ghost, vmm_import_miss_frees_a_killed_exporters_entries, .timeout = 40)
     vmm_import(&imp, &e, 1);
     cr_assert_eq(ledger_entries_of(gone), 0, "the killed exporter's entries are still listed");
     finish(&imp);
+    finish(&exp);
+}
+
+/* ---- an open refused in a second context ---------------------------------- */
+
+Test(ghost, refused_open_closes_only_what_may_be_in_its_way, .timeout = 60)
+{
+    /* The driver lets one exporter's handles be open in one context per device: an open in a second context refused because the first still uses that handle closes the idle mappings that may be in its way (the same exporter's) and none of another exporter's, which cannot be (the old code closed every idle mapping of every other context). */
+    enum { N = 8 };
+    struct peer p, q, imp;
+    start(&p, "exporter_p", NULL);
+    start(&q, "exporter_q", NULL);
+    start(&imp, "importer", NULL);
+    for (int i = 0; i < N; i++) {
+        struct exported e = export(&q, MIB);
+        import(&imp, &e, 1);
+    }
+    struct exported used = export(&p, MIB), idle = export(&p, MIB);
+    import(&imp, &used, 0);
+    import(&imp, &idle, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "unmaps")), 0);
+    ok(&imp, ask(&imp, "ctx_new"));
+    cr_assert_str_eq(ask(&imp, "open %s", used.hex), "err 400",
+                     "the driver's refusal, as without the cache");
+    long long closed = ok(&imp, ask(&imp, "unmaps"));
+    cr_assert(eq(llong, closed, 1), "%lld idle mappings of the first context closed: only the "
+                                    "same exporter's one may be in the way", closed);
+    finish(&imp);
+    finish(&q);
+    finish(&p);
+}
+
+/* ---- re-exports and the ledger ------------------------------------------- */
+
+BOTH_HANDLE_MODES(reexports_list_a_bounded_number_of_handles)
+
+ParameterizedTest(int *mode, ghost, reexports_list_a_bounded_number_of_handles, .timeout = 60)
+{
+    /* An allocation exported 1,100 times lists at most the handles its exporter remembers (one on the H200, at most 8 with a handle per export), not one per export: the per-user ledger keeps room for every other process's exports, and the free unlists them all (the old code filled the ledger). */
+    enum { REEXPORTS = 1100, REMEMBERED = 8 };
+    struct peer exp, other;
+    start(&exp, "exporter", ENV(handle_mode[*mode]));
+    struct exported e = export(&exp, MIB);
+    for (int i = 0; i < REEXPORTS; i++)
+        reexport(&exp, &e, (uint64_t)(i % 4) * 4096);
+    int listed = ledger_entries_of(exp.pid);
+    cr_assert(le(int, listed, *mode == SAME_HANDLE ? 1 : REMEMBERED), "%d handles listed", listed);
+    start(&other, "other", NULL);
+    vmm_export(&other, 2 * MIB);
+    cr_assert_eq(ledger_entries_of(other.pid), 1, "another process's export is not listed");
+    free_exported(&exp, &e);
+    cr_assert_eq(ledger_entries_of(exp.pid), 0);
+    finish(&other);
     finish(&exp);
 }

@@ -400,17 +400,40 @@ Test(threads, memo_hit_lends_again_after_a_recall, .timeout = 30)
 
 static CUcontext first_ctx;
 
-/* In the first context: a new handle left idle puts the idle bytes past
- * IPCCACHE_MAX_IDLE_BYTES, and this thread closes both idle mappings (one
- * batch: none is left for another thread to take). */
-static void *evict_oldest(void *arg)
+/* In the first context: a new handle (allocation serial, 8 KiB) left idle
+ * puts the idle mappings past a cap, and this thread's close evicts. */
+static void *evict_in_first_ctx(void *serial)
 {
-    (void)arg;
     cuCtxSetCurrent(first_ctx);
     CUdeviceptr p = 0;
-    if (cuIpcOpenMemHandle(&p, tu_handle(501, 8192), 1) != CUDA_SUCCESS)
+    if (cuIpcOpenMemHandle(&p, tu_handle((uintptr_t)serial, 8192), 1) != CUDA_SUCCESS)
         return (void *)1;
     return cuIpcCloseMemHandle(p) == CUDA_SUCCESS ? NULL : (void *)2;
+}
+
+/* Opens and closes serial in the first context (idle there), creates a
+ * second context, current from now on, and starts a thread whose open and
+ * close of serial + 1 in the first context evicts: its close is inside the
+ * driver (slow: FAKECUDA_CLOSE_DELAY_US) when this returns. */
+static pthread_t evicting_in_first_ctx(uint64_t serial, CUcontext *second, CUdeviceptr *idle)
+{
+    first_ctx = tu_context();
+    *idle = tu_open(tu_handle(serial, 4096));
+    tu_close(*idle);
+    cr_assert_eq(cuCtxCreate_v2(second, 0, 0), CUDA_SUCCESS);
+    setenv("FAKECUDA_CLOSE_DELAY_US", "400000", 1);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, evict_in_first_ctx, (void *)(uintptr_t)(serial + 1)), 0);
+    while (tu_driver().close_calls < 1)
+        usleep(100);
+    return t;
+}
+
+static void joined(pthread_t t)
+{
+    void *ret;
+    pthread_join(t, &ret);
+    cr_assert_null(ret);
 }
 
 /* One process maps a handle in one context per device. The cache's idle
@@ -421,22 +444,31 @@ static void *evict_oldest(void *arg)
 Test(threads, open_waits_for_a_close_in_flight_elsewhere_on_device, .timeout = 30)
 {
     setenv("IPCCACHE_MAX_IDLE_BYTES", "4096", 1);
-    first_ctx = tu_context();
-    CUipcMemHandle h = tu_handle(500, 4096);
-    CUdeviceptr a = tu_open(h);
-    tu_close(a);
     CUcontext second = NULL;
-    cr_assert_eq(cuCtxCreate_v2(&second, 0, 0), CUDA_SUCCESS);
-    setenv("FAKECUDA_CLOSE_DELAY_US", "300000", 1);
-    pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, evict_oldest, NULL), 0);
-    while (tu_driver().close_calls < 1)
-        usleep(100); /* the eviction's close is inside the driver now */
-    CUdeviceptr b = 0;
-    cr_assert_eq(cuIpcOpenMemHandle(&b, h, 1), CUDA_SUCCESS);
-    void *ret;
-    pthread_join(t, &ret);
-    cr_assert_null(ret);
+    CUdeviceptr a, b = 0;
+    /* past IPCCACHE_MAX_IDLE_BYTES both idle mappings go, in one batch: none
+     * is left for another thread to take */
+    pthread_t t = evicting_in_first_ctx(500, &second, &a);
+    cr_assert_eq(cuIpcOpenMemHandle(&b, tu_handle(500, 4096), 1), CUDA_SUCCESS);
+    joined(t);
     cr_assert_eq(fakecuda_refcount(first_ctx, a), 0, "closed in the first context");
     cr_assert_eq(fakecuda_refcount(second, b), 1);
+}
+
+/* The same, when the open's give-way closes an idle mapping itself: it still
+ * waits for the close another thread has in flight there, which is in the
+ * way too (the same exporter's). */
+Test(threads, open_that_closed_one_still_waits_for_a_close_in_flight, .timeout = 30)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "1", 1);
+    CUcontext second = NULL;
+    CUdeviceptr older, b = 0;
+    /* past IPCCACHE_MAX_IDLE_ENTRIES=1 the older goes (slowly), 521 stays idle */
+    pthread_t t = evicting_in_first_ctx(520, &second, &older);
+    unsetenv("FAKECUDA_CLOSE_DELAY_US"); /* read already: the give-way's own close is quick */
+    cr_assert_eq(cuIpcOpenMemHandle(&b, tu_handle(521, 8192), 1), CUDA_SUCCESS);
+    joined(t);
+    cr_assert_eq(fakecuda_refcount(first_ctx, older), 0, "closed in the first context");
+    cr_assert_eq(fakecuda_refcount(second, b), 1);
+    cr_assert_eq(tu_driver().unmaps, 2);
 }

@@ -594,8 +594,8 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
  * A handle uses all 64 bytes, as a real one may, so a cache that keys on part
  * of it is caught:
  *   0-7 magic, 8-15 exporter pid, 16-23 size,
- *   24-31 a per-export nonce, ignored for identity (two exports of one
- *         allocation are two byte strings for one mapping),
+ *   24-31 a nonce, ignored for identity: 0, or one per export with
+ *         FAKECUDA_HANDLE_PER_CALL=1 (two byte strings for one mapping),
  *   32-39 allocation serial, 40-63 three check words over pid, serial, size
  *         (a handle whose check words do not match is refused).
  */
@@ -636,14 +636,23 @@ static int parse_handle(const CUipcMemHandle *h, uint64_t *pid, uint64_t *serial
     return 1;
 }
 
+/* The H200's driver (580) gives one allocation the same 64 bytes at every
+ * export, of its base or of a pointer inside it: so does the stand-in. With
+ * FAKECUDA_HANDLE_PER_CALL=1 each export gets a nonce of its own instead, as
+ * a driver may do (the library must be right under both). */
+static uint64_t export_nonce(void)
+{
+    return env_long("FAKECUDA_HANDLE_PER_CALL", 0) == 1 ? g_next_nonce++ : 0;
+}
+
 CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
 {
     CHECK_DEINIT();
     if (!h) return CUDA_ERROR_INVALID_VALUE;
     lock();
-    int i = alloc_find(dptr, 0); /* a pointer inside: the allocation's handle, as on a GPU */
-    if (i >= 0) /* every export gets its own nonce */
-        make_handle(h, (uint64_t)getpid(), g_alloc[i].serial, g_alloc[i].size, g_next_nonce++);
+    int i = alloc_find(dptr, 0); /* a pointer inside: the allocation's handle */
+    if (i >= 0)
+        make_handle(h, (uint64_t)getpid(), g_alloc[i].serial, g_alloc[i].size, export_nonce());
     unlock();
     return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

@@ -10,6 +10,10 @@
  * exist (dlsym and cuGetProcAddress find nothing). Read at each lookup, so a
  * test may set it before its first one; a program linked against the
  * stand-in must not call cuCtxGetId directly while it is set.
+ *
+ * FAKECUDA_HANDLE_PER_CALL=1: each cuIpcGetMemHandle gives a handle of its
+ * own; by default every export of one allocation (its base or a pointer
+ * inside it) gives the same bytes, as the H200's driver does.
  */
 #ifndef IPCCACHE_TESTS_FAKE_CUDA_H
 #define IPCCACHE_TESTS_FAKE_CUDA_H

@@ -306,3 +306,47 @@ Test(legacy_table, take_idle_by_handle)
     cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->idle), 1);
     cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->idle_bytes), 4096);
 }
+
+/* An entry opened first through another handle of the allocation (a driver
+ * that gives each export a handle of its own) is taken by its alias too. */
+Test(legacy_table, take_idle_by_handle_finds_an_alias)
+{
+    insert(1, 1, 0x1000, 4096);
+    struct ipcc_legacy_key k2 = key(1, 2); /* handle_bytes: tag 2 */
+    uint64_t cached;
+    cr_assert_eq(ipcc_legacy_insert(cache, &k2, NULL, 0x1000, 4096, 0, &cached), 0);
+    ipcc_legacy_release(cache, 1, 0x1000, 0);
+    ipcc_legacy_release(cache, 1, 0x1000, 0);
+    struct ipcc_legacy_victim v[2];
+    uint64_t live = 0;
+    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 2, &live), 1);
+    cr_assert_eq(v[0].dptr, 0x1000);
+    cr_assert_eq(ipcc_legacy_table_entries(cache), 0);
+}
+
+static int tag_is_3(const void *handle, void *arg)
+{
+    (void)arg;
+    return ((const unsigned char *)handle)[0] == 3;
+}
+
+/* Other contexts' idle entries go only when the test accepts one of their
+ * keys, aliases included; each victim names its key's handle. */
+Test(legacy_table, evict_other_contexts_takes_only_what_the_test_accepts)
+{
+    insert(1, 1, 0x1000, 4096);
+    insert(1, 2, 0x2000, 4096);
+    insert(2, 3, 0x3000, 4096);
+    struct ipcc_legacy_key k3 = key(1, 3);
+    uint64_t cached;
+    cr_assert_eq(ipcc_legacy_insert(cache, &k3, NULL, 0x2000, 4096, 0, &cached), 0);
+    for (int i = 0; i < 2; i++)
+        ipcc_legacy_release(cache, 1, 0x2000, 0);
+    ipcc_legacy_release(cache, 1, 0x1000, 0);
+    ipcc_legacy_release(cache, 2, 0x3000, 0);
+    struct ipcc_legacy_victim v[4];
+    cr_assert_eq(ipcc_legacy_evict_other_contexts(cache, 2, tag_is_3, NULL, v, 4), 1);
+    cr_assert_eq(v[0].dptr, 0x2000);
+    cr_assert_eq(v[0].handle[0], 2, "the victim names its key's handle");
+    cr_assert_eq(ipcc_legacy_table_entries(cache), 2);
+}
