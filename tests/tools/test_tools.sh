@@ -525,11 +525,19 @@ if [[ $(id -u) != 0 ]]; then
     else
         skip "stats: another user's process" "pid 1 is ours"
     fi
-elif command -v setpriv >/dev/null &&
-    setpriv --reuid=65534 --regid=65534 --clear-groups "$PY" -c pass 2>/dev/null; then
+elif ! command -v setpriv >/dev/null ||
+    ! setpriv --reuid=65534 --regid=65534 --clear-groups "$PY" -c pass 2>/dev/null; then
+    skip "stats: another user's process" "running as root, cannot run Python as uid 65534"
+elif ! cp "$STATS_TOOL" "$tmp/ipccache-stats" ||
+    ! setpriv --reuid=65534 --regid=65534 --clear-groups "$PY" "$tmp/ipccache-stats" --version \
+        >/dev/null 2>&1; then
+    skip "stats: another user's process" "uid 65534 cannot read $tmp (TMPDIR in a private folder?)"
+else
+    # uid 65534 runs a copy: the source tree may be in a folder only we can
+    # enter (a clone in a home directory, mktemp -d).
     start_fake 1 --lib "$lib"
     IPCCACHE_STATS_LIBNAME=$LIBNAME timeout "$LIMIT" setpriv --reuid=65534 --regid=65534 \
-        --clear-groups "$PY" "$STATS_TOOL" "$fake" >"$tmp/out" 2>"$tmp/err"
+        --clear-groups "$PY" "$tmp/ipccache-stats" "$fake" >"$tmp/out" 2>"$tmp/err"
     rc=$?
     check "stats: another user's process: exit 1" rc_is 1
     check "stats: another user's process: permission denied" err_has "permission denied"
@@ -566,8 +574,6 @@ elif command -v setpriv >/dev/null &&
     stats "$fake"
     check "stats: root refuses a stats file not of the target's user" \
         err_has "not a regular file of uid 65534"
-else
-    skip "stats: another user's process" "running as root, cannot run Python as uid 65534"
 fi
 
 # ---------------------------------------------------------------------------
