@@ -249,8 +249,9 @@ Test(config, strict_exits, .timeout = 10)
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 78, "status %#x", status);
-    cr_assert_str_eq(err, "ipccache: error: IPCCACHE_DISABLE=\"perhaps\" is invalid: expected a "
-                          "boolean (1/0, true/false, yes/no, on/off) (IPCCACHE_STRICT is on)\n");
+    cr_assert_str_eq(err, "ipccache: error: IPCCACHE_DISABLE=\"perhaps\" is invalid: expected 1, "
+                          "true, yes or on to turn the cache off (0, false, no or off leave it on) "
+                          "(IPCCACHE_STRICT is on)\n");
 }
 
 /* Each setting's documented default, given as its value, is the built-in default. */
