@@ -133,13 +133,17 @@ static int parse_realtime(const char *s, int *out)
     return *out = base + dir * (int)n, 0;
 }
 
+static const struct {
+    const char *name;
+    int sig;
+} signal_names[] = {
+    { "USR1", SIGUSR1 }, { "USR2", SIGUSR2 }, { "HUP", SIGHUP },
+    { "WINCH", SIGWINCH }, { "URG", SIGURG },
+};
+
 /* A signal number, or a name with or without "SIG"; 0 means none. */
 int ipcc_parse_signal(const char *s, int *out)
 {
-    static const struct { const char *name; int sig; } names[] = {
-        { "USR1", SIGUSR1 }, { "USR2", SIGUSR2 }, { "HUP", SIGHUP },
-        { "WINCH", SIGWINCH }, { "URG", SIGURG },
-    };
     uint64_t n;
     int sig = -1;
     if (ipcc_parse_count(s, &n) == 0) {
@@ -149,15 +153,34 @@ int ipcc_parse_signal(const char *s, int *out)
     } else {
         if (strncasecmp(s, "SIG", 3) == 0)
             s += 3;
-        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-            if (strcasecmp(s, names[i].name) == 0)
-                sig = names[i].sig;
+        for (size_t i = 0; i < sizeof(signal_names) / sizeof(signal_names[0]); i++)
+            if (strcasecmp(s, signal_names[i].name) == 0)
+                sig = signal_names[i].sig;
         if (sig < 0 && parse_realtime(s, &sig) < 0)
             return -1;
     }
     if (signal_refused(sig))
         return -1;
     return *out = sig, 0;
+}
+
+/* The name ipcc_parse_signal takes back: SIGUSR1, SIGRTMIN+2, a number for
+ * the others, "none" for 0 (messages say what users write). */
+void ipcc_signal_name(int sig, char *out, size_t cap)
+{
+    for (size_t i = 0; i < sizeof(signal_names) / sizeof(signal_names[0]); i++)
+        if (sig == signal_names[i].sig) {
+            snprintf(out, cap, "SIG%s", signal_names[i].name);
+            return;
+        }
+    if (sig == 0)
+        snprintf(out, cap, "none");
+    else if (sig > SIGRTMIN && sig <= SIGRTMAX)
+        snprintf(out, cap, "SIGRTMIN+%d", sig - SIGRTMIN);
+    else if (sig == SIGRTMIN)
+        snprintf(out, cap, "SIGRTMIN");
+    else
+        snprintf(out, cap, "%d", sig);
 }
 
 int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out)

@@ -161,6 +161,12 @@ Test(process_settings, log_info_prints_one_startup_line, .timeout = 20)
     cr_assert(eq(int, count_lines(p.err), 1), "stderr:\n%s", p.err);
     cr_assert(eq(int, strncmp(p.err, "ipccache: version ", 18), 0), "%s", p.err);
     cr_assert_not_null(strstr(p.err, " active: "), "%s", p.err);
+    /* The signal by the name users know, as IPCCACHE_STATS_SIGNAL takes it. */
+    cr_assert_not_null(strstr(p.err, " stats_signal=SIGUSR1 "), "%s", p.err);
+    probe(&p, ENV("IPCCACHE_LOG=info", "IPCCACHE_STATS_SIGNAL=RTMIN+2"), "openclose", "5");
+    cr_assert_not_null(strstr(p.err, " stats_signal=SIGRTMIN+2 "), "%s", p.err);
+    probe(&p, ENV("IPCCACHE_LOG=info", "IPCCACHE_STATS_SIGNAL=0"), "openclose", "5");
+    cr_assert_not_null(strstr(p.err, " stats_signal=none "), "%s", p.err);
 }
 
 Test(process_settings, si_size_is_refused_saying_what_was_meant, .timeout = 20)

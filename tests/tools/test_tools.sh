@@ -604,6 +604,12 @@ mkdir -m 700 "$(userdir)"
 stats --all --dir "$(userdir)" --prometheus
 check "stats: --all with no process: exit 0, empty exposition" \
     bash -c "[[ $rc == 0 && ! -s '$tmp/out' ]]"
+stats --all --dir "$(userdir)"
+check "stats: --all with no process: says when a process appears" eval 'rc_is 0 &&
+    out_has "no process with an ipccache marker found (a process appears after its first CUDA IPC call)"'
+stats --help
+check "stats: --help explains the ledger file left in the per-user folder" eval 'rc_is 0 &&
+    tr -s " \n" "  " <"$tmp/out" | grep -qF "release-ledger-v2"'
 stop_fakes
 
 # ---------------------------------------------------------------------------
@@ -631,6 +637,19 @@ run_tool --lib "$tmp/nonexistent.so" true
 check "run: --lib missing exits 127" rc_is 127
 IPCCACHE_LIB="$tmp/nonexistent.so" run_tool true
 check "run: IPCCACHE_LIB missing exits 127" rc_is 127
+check "run: IPCCACHE_LIB missing: message" err_has "ipccache-run: IPCCACHE_LIB=$tmp/nonexistent.so: no such file"
+# Not a library: ld.so would only say so and run the command without the
+# cache; both ways of naming it stop here, with the same words.
+printf 'not a library\n' >"$tmp/text.so"
+run_tool --lib "$tmp/text.so" true
+check "run: --lib naming a file that is not a library exits 127" \
+    eval 'rc_is 127 && [[ $(cat "$tmp/err") == "ipccache-run: --lib $tmp/text.so: not a shared library (no ELF header)" ]]'
+IPCCACHE_LIB="$tmp/text.so" run_tool true
+check "run: IPCCACHE_LIB naming a file that is not a library exits 127, the same words" \
+    eval 'rc_is 127 && [[ $(cat "$tmp/err") == "ipccache-run: IPCCACHE_LIB=$tmp/text.so: not a shared library (no ELF header)" ]]'
+run_tool --lib "$tmp" true
+check "run: --lib naming a folder exits 127" \
+    eval 'rc_is 127 && grep -qF "ipccache-run: --lib $tmp: not a shared library" "$tmp/err"'
 mkdir -p "$tmp/bare/bin"
 cp "$RUN_TOOL" "$tmp/bare/bin/"
 timeout "$LIMIT" env -u IPCCACHE_LIB "$tmp/bare/bin/ipccache-run" true >"$tmp/out" 2>"$tmp/err"
