@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "base.h"
+#include "base_impl.h"
 
 #define EX_USAGE_STATUS 2
 #define EX_BAD_SETTING 1

@@ -25,7 +25,6 @@ struct ipcc_config {
 
 IPCC_HIDDEN extern struct ipcc_config ipcc_config;
 IPCC_HIDDEN void ipcc_config_load(void);
-IPCC_HIDDEN void ipcc_config_check(void);
 IPCC_HIDDEN int ipcc_config_disabled_early(void);
 IPCC_HIDDEN void ipcc_config_say_disabled(void);
 IPCC_HIDDEN int ipcc_parse_bool(const char *s, int *out);
@@ -45,8 +44,5 @@ struct ipcc_setting {
     const char *meaning;
 };
 IPCC_HIDDEN const struct ipcc_setting *ipcc_config_table(size_t *count);
-/* "expected ..." for a bad value, or why it is refused (16GB) and what was meant. */
-IPCC_HIDDEN void ipcc_config_expected(const struct ipcc_setting *st, const char *value,
-                                      char *out, size_t cap);
 
 #endif
