@@ -6,18 +6,21 @@
  *   ipccache-config --check              check the IPCCACHE_* environment
  *   ipccache-config --check-value NAME VALUE
  *   ipccache-config --list | --markdown  the settings table
+ *   ipccache-config --help | --version
  *
- * --check reports exactly what the library would at its first IPC call: a
- * warning per bad value or unknown name, and then exits 1 (a start check
- * fails on it), or with IPCCACHE_STRICT on the library's error and exit
- * status 78. --check-value exits 1 and says what was expected on a bad
- * value, 2 on an unknown name.
+ * --check runs the library's own checks (the values, the names, whether the
+ * stats file can be written): each problem is an error that says what the
+ * library would do instead, and the status is 1 (a start check fails on
+ * it); with IPCCACHE_STRICT on, the library's error and exit status 78; with
+ * none, one line on stdout says so. --check-value exits 1 and says what was
+ * expected on a bad value, 2 on an unknown name.
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "base.h"
+#include "base_impl.h"
 
 #define EX_USAGE_STATUS 2
 #define EX_BAD_SETTING 1
@@ -47,11 +50,21 @@ static int usage(FILE *to, int status)
     fputs("Usage: ipccache-config --check\n"
           "       ipccache-config --check-value NAME VALUE\n"
           "       ipccache-config --list | --markdown\n"
+          "       ipccache-config --help | --version\n"
           "Checks IPCCACHE_* settings with the library's own parser, or prints them.\n"
-          "--check: the library's message for each bad value or unknown name, then exit\n"
-          "status 1 (78 with IPCCACHE_STRICT on, as the library); 0 when all are good.\n",
+          "--check: an error for each bad value, unknown name or stats file that cannot be\n"
+          "written, then exit status 1 (78 with IPCCACHE_STRICT on, as the library); 0 and\n"
+          "one line when all are good.\n",
           to);
     return status;
+}
+
+static int usage_error(const char *fmt, const char *what)
+{
+    fputs("ipccache-config: ", stderr);
+    fprintf(stderr, fmt, what);
+    fputs("\n", stderr);
+    return usage(stderr, EX_USAGE_STATUS);
 }
 
 static const struct ipcc_setting *find_setting(const char *name)
@@ -73,8 +86,9 @@ static int check_value(const char *name, const char *value)
     }
     if (st->set(value) == 0)
         return 0;
-    fprintf(stderr, "ipccache-config: %s=\"%s\" is invalid: expected %s\n", name, value,
-            st->expect);
+    char expected[256];
+    ipcc_config_expected(st, value, expected, sizeof(expected));
+    fprintf(stderr, "ipccache-config: %s=\"%s\" is invalid: %s\n", name, value, expected);
     return 1;
 }
 
@@ -98,17 +112,45 @@ static int list(int markdown)
     return 0;
 }
 
+static int check(void)
+{
+    ipcc_config_check(); /* exits 78 itself when strict */
+    if (problems)
+        return EX_BAD_SETTING;
+    puts("ipccache-config: every IPCCACHE_* setting is good");
+    return 0;
+}
+
+/* Each option with the number of arguments it takes. */
+static const struct {
+    const char *name;
+    int args;
+} options[] = {
+    { "--check", 0 }, { "--check-value", 2 }, { "--list", 0 },
+    { "--markdown", 0 }, { "--help", 0 },     { "--version", 0 },
+};
+
 int main(int argc, char **argv)
 {
-    if (argc == 2 && strcmp(argv[1], "--check") == 0) {
-        ipcc_config_load(); /* exits 78 itself when strict */
-        return problems ? EX_BAD_SETTING : 0;
-    }
-    if (argc == 4 && strcmp(argv[1], "--check-value") == 0)
+    if (argc < 2)
+        return usage(stderr, EX_USAGE_STATUS);
+    const char *opt = argv[1];
+    int known = -1;
+    for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++)
+        if (strcmp(opt, options[i].name) == 0)
+            known = options[i].args;
+    if (known < 0)
+        return usage_error("unknown option '%s'", opt);
+    if (argc - 2 != known)
+        return usage_error(known ? "%s takes two arguments, NAME and VALUE" : "%s takes no argument",
+                           opt);
+    if (strcmp(opt, "--check") == 0)
+        return check();
+    if (strcmp(opt, "--check-value") == 0)
         return check_value(argv[2], argv[3]);
-    if (argc == 2 && (strcmp(argv[1], "--list") == 0 || strcmp(argv[1], "--markdown") == 0))
-        return list(argv[1][2] == 'm');
-    if (argc == 2 && strcmp(argv[1], "--help") == 0)
+    if (strcmp(opt, "--help") == 0)
         return usage(stdout, 0);
-    return usage(stderr, EX_USAGE_STATUS);
+    if (strcmp(opt, "--version") == 0)
+        return puts("ipccache-config " IPCC_VERSION) < 0;
+    return list(opt[2] == 'm');
 }

@@ -7,6 +7,7 @@
  * (an operator asked to be told, not to run with a setting they did not mean).
  */
 #include <ctype.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <errno.h>
@@ -15,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -131,13 +134,17 @@ static int parse_realtime(const char *s, int *out)
     return *out = base + dir * (int)n, 0;
 }
 
+static const struct {
+    const char *name;
+    int sig;
+} signal_names[] = {
+    { "USR1", SIGUSR1 }, { "USR2", SIGUSR2 }, { "HUP", SIGHUP },
+    { "WINCH", SIGWINCH }, { "URG", SIGURG },
+};
+
 /* A signal number, or a name with or without "SIG"; 0 means none. */
 int ipcc_parse_signal(const char *s, int *out)
 {
-    static const struct { const char *name; int sig; } names[] = {
-        { "USR1", SIGUSR1 }, { "USR2", SIGUSR2 }, { "HUP", SIGHUP },
-        { "WINCH", SIGWINCH }, { "URG", SIGURG },
-    };
     uint64_t n;
     int sig = -1;
     if (ipcc_parse_count(s, &n) == 0) {
@@ -147,15 +154,34 @@ int ipcc_parse_signal(const char *s, int *out)
     } else {
         if (strncasecmp(s, "SIG", 3) == 0)
             s += 3;
-        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-            if (strcasecmp(s, names[i].name) == 0)
-                sig = names[i].sig;
+        for (size_t i = 0; i < sizeof(signal_names) / sizeof(signal_names[0]); i++)
+            if (strcasecmp(s, signal_names[i].name) == 0)
+                sig = signal_names[i].sig;
         if (sig < 0 && parse_realtime(s, &sig) < 0)
             return -1;
     }
     if (signal_refused(sig))
         return -1;
     return *out = sig, 0;
+}
+
+/* The name ipcc_parse_signal takes back: SIGUSR1, SIGRTMIN+2, a number for
+ * the others, "none" for 0 (messages say what users write). */
+void ipcc_signal_name(int sig, char *out, size_t cap)
+{
+    for (size_t i = 0; i < sizeof(signal_names) / sizeof(signal_names[0]); i++)
+        if (sig == signal_names[i].sig) {
+            snprintf(out, cap, "SIG%s", signal_names[i].name);
+            return;
+        }
+    if (sig == 0)
+        snprintf(out, cap, "none");
+    else if (sig > SIGRTMIN && sig <= SIGRTMAX)
+        snprintf(out, cap, "SIGRTMIN+%d", sig - SIGRTMIN);
+    else if (sig == SIGRTMIN)
+        snprintf(out, cap, "SIGRTMIN");
+    else
+        snprintf(out, cap, "%d", sig);
 }
 
 int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out)
@@ -241,7 +267,8 @@ static int set_strict(const char *s) { return ipcc_parse_bool(s, &ipcc_config.st
 /* The one list of settings: the library loads it; ipccache-config checks
  * values against it and prints it (the README's table is generated from it). */
 static const struct ipcc_setting settings[] = {
-    { "IPCCACHE_DISABLE", set_disable, "a boolean (1/0, true/false, yes/no, on/off)", "0",
+    { "IPCCACHE_DISABLE", set_disable,
+      "1, true, yes or on to turn the cache off (0, false, no or off leave it on)", "0",
       "1/true/yes/on: pure pass-through, nothing cached, no handler." },
     { "IPCCACHE_VMM", set_vmm, "a boolean (1/0, true/false, yes/no, on/off)", "1",
       "0/false/no/off: pass the VMM path (PyTorch's expandable segments) through untouched and cache"
@@ -259,7 +286,8 @@ static const struct ipcc_setting settings[] = {
       "a path without newlines (%p expands to the pid, %% is a percent sign)", "",
       "File the stats lines are appended to; %p becomes the pid of the writing process (a fork"
       " child writes its own file), %% a percent sign. Created 0600; used only if it is a regular"
-      " file of the process's user, never through a symlink. Unset: the request file of"
+      " file of the process's user, never through a symlink (one that cannot be written: one"
+      " warning at the first IPC call, and the lines go to stderr). Unset: the request file of"
       " ipccache-stats if it exists, else stderr." },
     { "IPCCACHE_STATS_DIR", set_stats_dir, "an absolute directory path", "",
       "Unset: the per-user folder. Where ipccache-stats leaves ipccache-<pid>.stats to ask a process without a stats file"
@@ -292,6 +320,48 @@ static const char *default_or_unset(const struct ipcc_setting *st)
     return st->default_text[0] ? st->default_text : "unset";
 }
 
+/* Whether a size is written with an SI-looking unit (16GB, 512mb), and
+ * how many digits come before it. */
+static int si_unit(const char *v, size_t *digits)
+{
+    size_t n = strspn(v, "0123456789");
+    if (n == 0 || !v[n] || !strchr("KMGTkmgt", v[n]) || !v[n + 1] || !strchr("bB", v[n + 1]) ||
+        v[n + 2])
+        return 0;
+    *digits = n;
+    return 1;
+}
+
+/* What a bad value was expected to be. "16GB" is refused on purpose (10^9
+ * or 2^30?): it says so, and what was likely meant. */
+void ipcc_config_expected(const struct ipcc_setting *st, const char *v, char *out, size_t cap)
+{
+    static const char *const decimal[] = { "10^3", "10^6", "10^9", "10^12" };
+    static const char *const binary[] = { "2^10", "2^20", "2^30", "2^40" };
+    size_t digits;
+    if (st->set != set_idle_bytes || !si_unit(v, &digits)) {
+        snprintf(out, cap, "expected %s", st->expect);
+        return;
+    }
+    int u = (int)(strchr("KMGT", toupper((unsigned char)v[digits])) - "KMGT");
+    snprintf(out, cap,
+             "%.2s is refused on purpose, %s bytes to some and %s to others (did you mean "
+             "%.*s, %.*s %ciB?)",
+             v + digits, decimal[u], binary[u], (int)digits + 1, v, (int)digits, v, "KMGT"[u]);
+}
+
+/* ipccache-config --check: each problem is an error that says what the
+ * library would do instead (the library warns, and does it). */
+static int checking;
+
+static void say_problem(const char *what, const char *doing, const char *would)
+{
+    if (checking)
+        ipcc_log(IPCC_LOG_ERROR, "%s; the library would %s", what, would);
+    else
+        ipcc_log(IPCC_LOG_WARN, "%s; %s", what, doing);
+}
+
 /* Keeps a copy of the default so a failed parse cannot leave half a value. */
 static void load_one(const struct ipcc_setting *st)
 {
@@ -302,13 +372,62 @@ static void load_one(const struct ipcc_setting *st)
     if (st->set(v) == 0)
         return;
     ipcc_config = saved;
+    char expected[256], what[512], doing[64], would[64];
+    ipcc_config_expected(st, v, expected, sizeof(expected));
     if (ipcc_config.strict) {
-        ipcc_log(IPCC_LOG_ERROR, "%s=\"%s\" is invalid: expected %s (IPCCACHE_STRICT is on)",
-                 st->name, v, st->expect);
+        ipcc_log(IPCC_LOG_ERROR, "%s=\"%s\" is invalid: %s (IPCCACHE_STRICT is on)", st->name, v,
+                 expected);
         _exit(78); /* EX_CONFIG */
     }
-    ipcc_log(IPCC_LOG_WARN, "%s=\"%s\" is invalid: expected %s; using the default (%s)",
-             st->name, v, st->expect, default_or_unset(st));
+    snprintf(what, sizeof(what), "%s=\"%s\" is invalid: %s", st->name, v, expected);
+    snprintf(doing, sizeof(doing), "using the default (%s)", default_or_unset(st));
+    snprintf(would, sizeof(would), "use the default (%s)", default_or_unset(st));
+    say_problem(what, doing, would);
+}
+
+/* lstat, as a system call: glibc's own symbol is 2.33's (the floor is 2.17). */
+static int lstat_call(const char *path, struct stat *st)
+{
+    return (int)syscall(SYS_newfstatat, AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW);
+}
+
+/* Why the stats file cannot be written, or NULL: checked once at the load,
+ * without creating it. It must be (stats.c) a regular file of this user,
+ * never a symlink, open for appending; a new one needs its folder. */
+static const char *stats_file_unwritable(const char *path, char *why, size_t cap)
+{
+    struct stat st;
+    if (lstat_call(path, &st) == 0) {
+        if (!S_ISREG(st.st_mode) || st.st_uid != geteuid())
+            return "not a regular file of this user";
+        return faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0 ? NULL : strerror(errno);
+    }
+    if (errno != ENOENT)
+        return strerror(errno);
+    const char *slash = strrchr(path, '/');
+    char dir[sizeof(ipcc_config.stats_file) + 64] = ".";
+    if (slash)
+        snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) == 0)
+        return NULL;
+    snprintf(why, cap, "%s: %s", dir, strerror(errno));
+    return why;
+}
+
+/* Else its lines would go to stderr without a word. */
+static void check_stats_file(void)
+{
+    char path[sizeof(ipcc_config.stats_file) + 64], why[sizeof(path) + 64];
+    char what[sizeof(why) + sizeof(ipcc_config.stats_file) + 64];
+    if (!ipcc_config.stats_file[0] ||
+        ipcc_config_stats_path(ipcc_config.stats_file, (long)getpid(), path, sizeof(path)) < 0)
+        return;
+    const char *problem = stats_file_unwritable(path, why, sizeof(why));
+    if (!problem)
+        return;
+    snprintf(what, sizeof(what), "IPCCACHE_STATS_FILE=\"%s\" cannot be written (%s)",
+             ipcc_config.stats_file, problem);
+    say_problem(what, "the stats lines go to stderr", "write the stats lines to stderr");
 }
 
 /* ---- names that are not settings ----------------------------------------- */
@@ -394,7 +513,9 @@ static void report_unknown(const char *entry)
         ipcc_log(IPCC_LOG_ERROR, "%s is not a setting%s (IPCCACHE_STRICT is on)", name, hint);
         _exit(78); /* EX_CONFIG */
     }
-    ipcc_log(IPCC_LOG_WARN, "%s is not a setting%s; ignored", name, hint);
+    char what[256];
+    snprintf(what, sizeof(what), "%s is not a setting%s", name, hint);
+    say_problem(what, "ignored", "ignore it");
 }
 
 static void report_unknown_names(void)
@@ -423,6 +544,17 @@ void ipcc_config_load(void)
                 ipcc_log_set_level(ipcc_config.log_level);
             }
     report_unknown_names();
+    if (!ipcc_config.disabled)
+        check_stats_file();
+}
+
+/* The load as ipccache-config --check runs it: the same checks, each
+ * problem an error (IPCCACHE_STRICT still stops at the first, exit 78). */
+void ipcc_config_check(void)
+{
+    checking = 1;
+    ipcc_config_load();
+    checking = 0;
 }
 
 /* One line, at info, the first time either path below finds the cache off. */

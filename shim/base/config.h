@@ -31,6 +31,7 @@ IPCC_HIDDEN int ipcc_parse_bool(const char *s, int *out);
 IPCC_HIDDEN int ipcc_parse_size(const char *s, uint64_t *out);
 IPCC_HIDDEN int ipcc_parse_count(const char *s, uint64_t *out);
 IPCC_HIDDEN int ipcc_parse_signal(const char *s, int *out);
+IPCC_HIDDEN void ipcc_signal_name(int sig, char *out, size_t cap);
 IPCC_HIDDEN int ipcc_parse_log_level(const char *s, enum ipcc_log_level *out);
 IPCC_HIDDEN int ipcc_config_stats_path(const char *pattern, long pid, char *out, size_t cap);
 

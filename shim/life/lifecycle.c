@@ -158,11 +158,13 @@ static void at_exit(void)
 
 static void log_start(void)
 {
+    char signal[32];
+    ipcc_signal_name(ipcc_config.stats_signal, signal, sizeof(signal));
     ipcc_log(IPCC_LOG_INFO,
              "version %s active: max_idle_bytes=%llu max_idle_entries=%llu "
-             "stats_signal=%d stats_file=%s stats_at_exit=%d",
+             "stats_signal=%s stats_file=%s stats_at_exit=%d",
              IPCC_VERSION, (unsigned long long)ipcc_config.max_idle_bytes,
-             (unsigned long long)ipcc_config.max_idle_entries, ipcc_config.stats_signal,
+             (unsigned long long)ipcc_config.max_idle_entries, signal,
              ipcc_config.stats_file[0] ? ipcc_config.stats_file : "(stderr)",
              ipcc_config.stats_at_exit);
 }

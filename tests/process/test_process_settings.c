@@ -161,4 +161,44 @@ Test(process_settings, log_info_prints_one_startup_line, .timeout = 20)
     cr_assert(eq(int, count_lines(p.err), 1), "stderr:\n%s", p.err);
     cr_assert(eq(int, strncmp(p.err, "ipccache: version ", 18), 0), "%s", p.err);
     cr_assert_not_null(strstr(p.err, " active: "), "%s", p.err);
+    /* The signal by the name users know, as IPCCACHE_STATS_SIGNAL takes it. */
+    cr_assert_not_null(strstr(p.err, " stats_signal=SIGUSR1 "), "%s", p.err);
+    probe(&p, ENV("IPCCACHE_LOG=info", "IPCCACHE_STATS_SIGNAL=RTMIN+2"), "openclose", "5");
+    cr_assert_not_null(strstr(p.err, " stats_signal=SIGRTMIN+2 "), "%s", p.err);
+    probe(&p, ENV("IPCCACHE_LOG=info", "IPCCACHE_STATS_SIGNAL=0"), "openclose", "5");
+    cr_assert_not_null(strstr(p.err, " stats_signal=none "), "%s", p.err);
+}
+
+Test(process_settings, si_size_is_refused_saying_what_was_meant, .timeout = 20)
+{
+    /* 16GB is refused on purpose (10^9 or 2^30?): the one warning says so and what was likely
+     * meant, and the default is used. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_MAX_IDLE_BYTES=16GB"), "openclose", "5");
+    cr_expect(eq(int, exit_code(&p), 0));
+    cr_expect(eq(str, p.err, "ipccache: warning: IPCCACHE_MAX_IDLE_BYTES=\"16GB\" is invalid: GB is"
+                             " refused on purpose, 10^9 bytes to some and 2^30 to others (did you"
+                             " mean 16G, 16 GiB?); using the default (8G)\n"));
+    expect_kv(&p, "maps", 1);
+}
+
+Test(process_settings, unwritable_stats_file_is_said_once, .timeout = 20)
+{
+    /* A stats file the process cannot write: one warning at the first IPC call (not one per
+     * line), and the lines go to stderr; a file it can create: no word. */
+    struct proc p;
+    probe(&p, ENV("IPCCACHE_STATS_FILE=/nonexistent/dir/x.json", "IPCCACHE_STATS_AT_EXIT=1"),
+          "openclose", "5");
+    cr_expect(eq(int, exit_code(&p), 0));
+    cr_expect(eq(int, count_lines(p.err), 2), "stderr:\n%s", p.err);
+    const char *want = "ipccache: warning: IPCCACHE_STATS_FILE=\"/nonexistent/dir/x.json\" cannot"
+                       " be written (/nonexistent/dir: No such file or directory); the stats lines"
+                       " go to stderr\n{\"schema\":1,";
+    cr_expect(eq(int, strncmp(p.err, want, strlen(want)), 0), "stderr:\n%s", p.err);
+    char *file = format("%s/stats.%%p.json", tmpdir);
+    char *setting = format("IPCCACHE_STATS_FILE=%s", file);
+    probe(&p, ENV(setting), "openclose", "5");
+    expect_quiet_success(&p);
+    free(setting);
+    free(file);
 }

@@ -11,7 +11,14 @@
  * every parameter in one message: segments of the large and the small pool
  * (two reservation sizes) interleaved, neighbours sharing a chunk, all
  * rebuilt before any is dropped, dropped in reverse (a list's teardown).
+ *
+ * That order is 2.11's, the version measured on a GPU, and 2.15's (read:
+ * docs/limits.md#the-vmm-path-is-new); the tests marked 2.15 replay what
+ * changed: a segment shared with fabric handles (the handle type travels
+ * in the message since 2.13) and the unwind of a failed import.
  */
+#include <fcntl.h>
+
 #include "vmm_testutil.h"
 
 #define LARGE_VA (64 * G) /* a large-pool segment's reservation */
@@ -251,5 +258,101 @@ Test(vmm_torch, changed_message_maps_the_right_memory, .timeout = 20)
     for (int i = 0; i < 3; i++)
         sync_step(&tr, after, 4);
     sync_step(&tr, before, 3);
+    expect_no_stale_handles();
+}
+
+/* 2.15's fromShared when the import of chunk fail_at fails: the imports made
+ * so far are released unmapped (each handle knows it was never mapped), then
+ * the reservation freed. unmap_first: 2.11's destructor, which unmapped each
+ * imported chunk before its release (the driver: SUCCESS on a reserved but
+ * unmapped range). Every answer is the driver's. */
+static void failed_from_shared(const int *fds, int fail_at, uint64_t va, int unmap_first)
+{
+    CUdeviceptr p = 0;
+    CUmemGenericAllocationHandle h[MAX_CHUNKS], none = 0;
+    uint64_t reserves = vmm().reserves;
+    cr_assert_eq(cuMemAddressReserve(&p, va, 0, 0, 0), CUDA_SUCCESS);
+    cr_assert_eq(vmm().reserves, reserves, "the reserve was not a kept range handed back");
+    for (int i = 0; i < fail_at; i++) {
+        int fd = dup(fds[i]);
+        h[i] = import(fd);
+        close(fd);
+    }
+    int bad = open("/dev/null", O_RDONLY | O_CLOEXEC); /* not an export */
+    cr_assert_eq(cuMemImportFromShareableHandle(&none, (void *)(intptr_t)bad,
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                 CUDA_ERROR_UNKNOWN);
+    close(bad);
+    for (int i = 0; i < fail_at; i++) {
+        if (unmap_first)
+            cr_assert_eq(cuMemUnmap(p + (uint64_t)i * G, G), CUDA_SUCCESS, "chunk %d", i);
+        cr_assert_eq(cuMemRelease(h[i]), CUDA_SUCCESS, "chunk %d", i);
+    }
+    cr_assert_eq(cuMemAddressFree(p, va), CUDA_SUCCESS);
+}
+
+/* A failed rebuild whose reserve the cache answered with a kept range (the
+ * one the next rebuild was predicted to map): undone as the driver would,
+ * and the rebuilds after it map the right memory and are all hits again by
+ * the second. */
+Test(vmm_torch, pytorch_2_15_failed_import_unwinds_as_the_driver, .timeout = 20)
+{
+    static const struct param pa = { 0, 0, 3 };
+    struct trainer tr;
+    trainer_start(&tr);
+    for (int unmap_first = 0; unmap_first < 2; unmap_first++) {
+        for (int i = 0; i < 3; i++)
+            sync_step(&tr, &pa, 1);
+        cr_assert_eq(sync_step(&tr, &pa, 1), 0, "warm");
+        failed_from_shared(tr.large, 2, LARGE_VA, unmap_first);
+        sync_step(&tr, &pa, 1);
+        cr_assert_eq(sync_step(&tr, &pa, 1), 0, "%s unwind: not all hits again",
+                     unmap_first ? "2.11's" : "2.15's");
+    }
+    expect_no_stale_handles();
+}
+
+/* 2.13 on: a segment made with fabric handles (a machine with an NVLink
+ * fabric) is imported from the 64-byte handles the message carries, no fd:
+ * the same order, the same hits. */
+static void from_shared_fabric(const CUmemFabricHandle *fh, int n, struct rebuilt *r)
+{
+    r->va = LARGE_VA;
+    r->n = n;
+    cr_assert_eq(cuMemAddressReserve(&r->p, LARGE_VA, 0, 0, 0), CUDA_SUCCESS);
+    for (int i = 0; i < n; i++) {
+        CUmemFabricHandle copy = fh[i]; /* read from the message */
+        r->h[i] = 0;
+        cr_assert_eq(cuMemImportFromShareableHandle(&r->h[i], &copy, CU_MEM_HANDLE_TYPE_FABRIC),
+                     CUDA_SUCCESS);
+    }
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(cuMemMap(r->p + (uint64_t)i * G, G, 0, r->h[i], 0), CUDA_SUCCESS);
+    CUmemAccessDesc d = access_on(0);
+    cr_assert_eq(cuMemSetAccess(r->p, (uint64_t)n * G, &d, 1), CUDA_SUCCESS);
+}
+
+Test(vmm_torch, pytorch_2_15_fabric_segments_are_all_hits, .timeout = 20)
+{
+    struct trainer tr;
+    trainer_start(&tr);
+    CUmemFabricHandle fh[LARGE];
+    for (int i = 0; i < LARGE; i++)
+        cr_assert_eq(cuMemExportToShareableHandle(&fh[i], tr.large_h[i], CU_MEM_HANDLE_TYPE_FABRIC,
+                                                  0),
+                     CUDA_SUCCESS);
+    static const struct param params[] = { { 0, 0, 2 }, { 0, 2, 3 }, { 0, 5, 2 } };
+    for (int step = 1; step <= 5; step++) {
+        struct rebuilt r[3];
+        struct fakevmm_counters before = vmm();
+        for (int i = 0; i < 3; i++)
+            from_shared_fabric(fh + params[i].first, params[i].count, &r[i]);
+        for (int i = 0; i < 3; i++)
+            expect_right_memory(&tr, &params[i], &r[i]);
+        for (int i = 3; i-- > 0;)
+            destroy(&r[i]);
+        if (step >= 3)
+            cr_assert_eq(driver_work(before, vmm()), 0, "step %d did driver work", step);
+    }
     expect_no_stale_handles();
 }

@@ -525,11 +525,19 @@ if [[ $(id -u) != 0 ]]; then
     else
         skip "stats: another user's process" "pid 1 is ours"
     fi
-elif command -v setpriv >/dev/null &&
-    setpriv --reuid=65534 --regid=65534 --clear-groups "$PY" -c pass 2>/dev/null; then
+elif ! command -v setpriv >/dev/null ||
+    ! setpriv --reuid=65534 --regid=65534 --clear-groups "$PY" -c pass 2>/dev/null; then
+    skip "stats: another user's process" "running as root, cannot run Python as uid 65534"
+elif ! cp "$STATS_TOOL" "$tmp/ipccache-stats" ||
+    ! setpriv --reuid=65534 --regid=65534 --clear-groups "$PY" "$tmp/ipccache-stats" --version \
+        >/dev/null 2>&1; then
+    skip "stats: another user's process" "uid 65534 cannot read $tmp (TMPDIR in a private folder?)"
+else
+    # uid 65534 runs a copy: the source tree may be in a folder only we can
+    # enter (a clone in a home directory, mktemp -d).
     start_fake 1 --lib "$lib"
     IPCCACHE_STATS_LIBNAME=$LIBNAME timeout "$LIMIT" setpriv --reuid=65534 --regid=65534 \
-        --clear-groups "$PY" "$STATS_TOOL" "$fake" >"$tmp/out" 2>"$tmp/err"
+        --clear-groups "$PY" "$tmp/ipccache-stats" "$fake" >"$tmp/out" 2>"$tmp/err"
     rc=$?
     check "stats: another user's process: exit 1" rc_is 1
     check "stats: another user's process: permission denied" err_has "permission denied"
@@ -566,8 +574,6 @@ elif command -v setpriv >/dev/null &&
     stats "$fake"
     check "stats: root refuses a stats file not of the target's user" \
         err_has "not a regular file of uid 65534"
-else
-    skip "stats: another user's process" "running as root, cannot run Python as uid 65534"
 fi
 
 # ---------------------------------------------------------------------------
@@ -598,6 +604,12 @@ mkdir -m 700 "$(userdir)"
 stats --all --dir "$(userdir)" --prometheus
 check "stats: --all with no process: exit 0, empty exposition" \
     bash -c "[[ $rc == 0 && ! -s '$tmp/out' ]]"
+stats --all --dir "$(userdir)"
+check "stats: --all with no process: says when a process appears" eval 'rc_is 0 &&
+    out_has "no process with an ipccache marker found (a process appears after its first CUDA IPC call)"'
+stats --help
+check "stats: --help explains the ledger file left in the per-user folder" eval 'rc_is 0 &&
+    tr -s " \n" "  " <"$tmp/out" | grep -qF "release-ledger-v2"'
 stop_fakes
 
 # ---------------------------------------------------------------------------
@@ -625,6 +637,19 @@ run_tool --lib "$tmp/nonexistent.so" true
 check "run: --lib missing exits 127" rc_is 127
 IPCCACHE_LIB="$tmp/nonexistent.so" run_tool true
 check "run: IPCCACHE_LIB missing exits 127" rc_is 127
+check "run: IPCCACHE_LIB missing: message" err_has "ipccache-run: IPCCACHE_LIB=$tmp/nonexistent.so: no such file"
+# Not a library: ld.so would only say so and run the command without the
+# cache; both ways of naming it stop here, with the same words.
+printf 'not a library\n' >"$tmp/text.so"
+run_tool --lib "$tmp/text.so" true
+check "run: --lib naming a file that is not a library exits 127" \
+    eval 'rc_is 127 && [[ $(cat "$tmp/err") == "ipccache-run: --lib $tmp/text.so: not a shared library (no ELF header)" ]]'
+IPCCACHE_LIB="$tmp/text.so" run_tool true
+check "run: IPCCACHE_LIB naming a file that is not a library exits 127, the same words" \
+    eval 'rc_is 127 && [[ $(cat "$tmp/err") == "ipccache-run: IPCCACHE_LIB=$tmp/text.so: not a shared library (no ELF header)" ]]'
+run_tool --lib "$tmp" true
+check "run: --lib naming a folder exits 127" \
+    eval 'rc_is 127 && grep -qF "ipccache-run: --lib $tmp: not a shared library" "$tmp/err"'
 mkdir -p "$tmp/bare/bin"
 cp "$RUN_TOOL" "$tmp/bare/bin/"
 timeout "$LIMIT" env -u IPCCACHE_LIB "$tmp/bare/bin/ipccache-run" true >"$tmp/out" 2>"$tmp/err"

@@ -91,6 +91,28 @@ Test(config, signals, .timeout = 10)
     cr_assert_eq(ipcc_parse_signal("999", &v), -1);
 }
 
+/* A signal's name for messages (the start-up line) is one IPCCACHE_STATS_SIGNAL takes back. */
+Test(config, signal_names_parse_back, .timeout = 10)
+{
+    char name[32];
+    ipcc_signal_name(SIGUSR1, name, sizeof(name));
+    cr_assert_str_eq(name, "SIGUSR1");
+    ipcc_signal_name(SIGRTMIN + 2, name, sizeof(name));
+    cr_assert_str_eq(name, "SIGRTMIN+2");
+    ipcc_signal_name(0, name, sizeof(name));
+    cr_assert_str_eq(name, "none");
+    for (int sig = 1; sig < NSIG; sig++) {
+        int v = -1;
+        char number[16];
+        snprintf(number, sizeof(number), "%d", sig);
+        if (ipcc_parse_signal(number, &v) != 0)
+            continue; /* refused: never the setting's value */
+        ipcc_signal_name(sig, name, sizeof(name));
+        cr_assert_eq(ipcc_parse_signal(name, &v), 0, "%s", name);
+        cr_assert_eq(v, sig, "%s", name);
+    }
+}
+
 /* Real-time signals by name: RTMIN, RTMIN+n, RTMAX, RTMAX-n, inside the range only. */
 Test(config, realtime_signal_names, .timeout = 10)
 {
@@ -249,8 +271,9 @@ Test(config, strict_exits, .timeout = 10)
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 78, "status %#x", status);
-    cr_assert_str_eq(err, "ipccache: error: IPCCACHE_DISABLE=\"perhaps\" is invalid: expected a "
-                          "boolean (1/0, true/false, yes/no, on/off) (IPCCACHE_STRICT is on)\n");
+    cr_assert_str_eq(err, "ipccache: error: IPCCACHE_DISABLE=\"perhaps\" is invalid: expected 1, "
+                          "true, yes or on to turn the cache off (0, false, no or off leave it on) "
+                          "(IPCCACHE_STRICT is on)\n");
 }
 
 /* Each setting's documented default, given as its value, is the built-in default. */
