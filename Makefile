@@ -85,7 +85,8 @@ E2E_SRC    = $(filter-out tests/process/test_process_%.c tests/process/test_ghos
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors \
              $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer $(BUILD)/tests/fuzz \
-             $(BUILD)/tools/standin_rl $(BUILD)/tools/standin_hits
+             $(BUILD)/tools/standin_rl $(BUILD)/tools/standin_hits \
+             $(BUILD)/tests/soak $(BUILD)/tests/libsoakplant.so
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
@@ -250,6 +251,20 @@ $(BUILD)/tests/probe: tests/process/probe.c $(FAKE)
 $(BUILD)/tests/fuzz: tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_ledger.c tests/fuzz/fuzz.h \
                      tests/standin/fake_cuda.h tests/standin/fake_vmm.h $(FAKE)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_ledger.c -ldl -lpthread
+
+# The stand-in soak's fleet (tests/soak/): one program, linked with the
+# stand-in driver; the library is preloaded into the processes it starts.
+SOAK_SRC = $(filter-out tests/soak/soak_plant.c,$(wildcard tests/soak/*.c))
+$(BUILD)/tests/soak: $(SOAK_SRC) $(wildcard tests/soak/*.h) tests/standin/fake_cuda.h \
+                     tests/standin/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $(SOAK_SRC) -L$(BUILD)/tests -lcuda \
+	    -Wl,-rpath,'$$ORIGIN' -lpthread
+
+# Faults planted under the library for the soak's own tests.
+$(BUILD)/tests/libsoakplant.so: tests/soak/soak_plant.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden \
+	    -I$(CUDA_HOME)/include $(SANITIZE) -o $@ $< -ldl
 
 # make test and make demo: one line per step; the build's command lines only
 # with V=1 (its warnings and errors always).
