@@ -135,7 +135,7 @@ static void churn(double now)
         if (sv.exp_pid[e])
             alive[n++] = (int)e;
     }
-    if (n && soak_pick(&sv.rnd, 7) == 0) { /* a crash: no free, no exit handler */
+    if (n && !getenv("SOAK_NO_CRASH") && soak_pick(&sv.rnd, 7) == 0) { /* a crash: no free, no exit handler */
         kill(sv.exp_pid[alive[soak_pick(&sv.rnd, (unsigned)n)]], SIGKILL);
         sv.exp_kills++;
     }
@@ -257,7 +257,7 @@ static int run(int argc, char **argv)
     double start = soak_now(), now = start;
     for (double next = start + 1; now - start < seconds; next += 1) {
         soak_sleep_ms((next - 0.05 - soak_now()) * 1000 > 0 ? (next - 0.05 - soak_now()) * 1000 : 0);
-        soak_record_ask(sv.b);
+        soak_record_ask(sv.b, sv.lib != NULL);
         soak_sleep_ms(50);
         now = soak_now();
         reap(now);
@@ -279,7 +279,7 @@ static int run(int argc, char **argv)
         soak_sleep_ms(100);
         pinned_after_free = fakecuda_phys_bytes();
     }
-    soak_record_ask(sv.b);
+    soak_record_ask(sv.b, sv.lib != NULL);
     soak_sleep_ms(50);
     soak_record_row(&rec, sv.b, soak_now() - start, exporters_alive(), sv.exp_starts);
     atomic_store(&sv.b->phase, SOAK_STOP_ALL);

@@ -63,9 +63,9 @@ static void ledger_slots(const char *path, int *importers, int *exports)
     munmap((void *)l, sizeof(*l));
 }
 
-void soak_record_ask(struct soak_board *b)
+void soak_record_ask(struct soak_board *b, int library)
 {
-    for (unsigned i = 0; i < b->nimporters; i++) {
+    for (unsigned i = 0; library && i < b->nimporters; i++) {
         pid_t pid = atomic_load(&b->imp[i].pid);
         if (pid > 0)
             soak_sample_ask(pid);

@@ -25,8 +25,9 @@ struct soak_record {
 };
 
 void soak_record_open(struct soak_record *r, const char *out);
-/* Asks every importer for its stats line; the row, a moment later, reads them. */
-void soak_record_ask(struct soak_board *b);
+/* Asks every importer for its stats line (library: it is preloaded, else
+ * the signal would end them); the row, a moment later, reads them. */
+void soak_record_ask(struct soak_board *b, int library);
 void soak_record_row(struct soak_record *r, struct soak_board *b, double t, int alive, int starts);
 
 #endif
