@@ -11,6 +11,7 @@
 #   make check-exports   the library exports only the intercepted names
 #   make fuzz            the differential fuzzer, SEEDS=1000 from FIRST=1
 #   make mutants         one-spot bugs of shim/ (tests/fuzz/mutants.txt): each must be caught
+#   make soak            a fleet on the stand-in for SOAK_MINUTES (5): every series flat, every value right
 #   make test-gpu        prove it on a real GPU (without one: skipped, exit status 77)
 #   make bench           benchmarks on a real GPU
 #   make bench-standin   the RL weight sync's VMM calls on the stand-in: the library's own cost
@@ -90,7 +91,7 @@ TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/tes
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
-.PHONY: all help prereqs test run-tests test-programs test-sanitize test-aarch64 test-gpu bench bench-standin peer peer-fetch fuzz mutants demo wheel \
+.PHONY: all help prereqs test run-tests test-programs test-sanitize test-aarch64 test-gpu bench bench-standin peer peer-fetch fuzz mutants soak demo wheel \
         install uninstall clean check-exports
 
 all: $(LIB) $(CONFIG_TOOL)
@@ -302,6 +303,13 @@ fuzz: $(LIB) $(FAKE) $(BUILD)/tests/fuzz
 # fuzz batch must fail. MUTANTS="3 7" runs only those.
 mutants:
 	@bash tests/fuzz/mutants.sh $(MUTANTS)
+
+# The stand-in soak (tests/soak/soak.sh says what it runs and its settings):
+# exits with its verdict.
+soak:
+	@bash tests/setup.sh soak
+	@$(QUIET_MAKE) $(LIB) $(FAKE) $(BUILD)/tests/soak
+	@bash tests/soak/soak.sh $(BUILD) $(abspath $(LIB))
 
 # The aarch64 build, cross-compiled and run under qemu-user.
 AARCH64_BUILD = build/aarch64

@@ -7,10 +7,13 @@
  * kills one now and then; every second asks each importer for its stats
  * line and writes the rows of soak_record.h. At the end: the importers stop
  * and close all they hold, the exporters free everything and exit, and what
- * the stand-in's memory still holds is written down (summary.txt, key=value
+ * the stand-in's memory still holds is written down (the summary file, key=value
  * lines the verdict reads).
  *
  *     soak run OUT SECONDS SEED EXPORTERS IMPORTERS [LIBRARY]
+ *
+ * SOAK_STEADY=1 (the soak's own tests): exporters neither crash, end, nor
+ * reset; only their fresh buffers and re-shared weights come and go.
  *     soak exporter ... | soak importer ...   (started by run)
  */
 #define _GNU_SOURCE
@@ -135,7 +138,7 @@ static void churn(double now)
         if (sv.exp_pid[e])
             alive[n++] = (int)e;
     }
-    if (n && !getenv("SOAK_NO_CRASH") && soak_pick(&sv.rnd, 7) == 0) { /* a crash: no free, no exit handler */
+    if (n && !getenv("SOAK_STEADY") && soak_pick(&sv.rnd, 7) == 0) { /* a crash: no free, no exit handler */
         kill(sv.exp_pid[alive[soak_pick(&sv.rnd, (unsigned)n)]], SIGKILL);
         sv.exp_kills++;
     }

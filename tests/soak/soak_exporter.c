@@ -188,6 +188,8 @@ int soak_exporter_main(int argc, char **argv)
     make_all();
 
     double now = soak_now(), end = now + 5 + soak_pick(&x.rnd, 36);
+    if (getenv("SOAK_STEADY")) /* the soak's own tests: a life as long as the run */
+        end = 1e30;
     double next_fresh = now, next_reshare = now + 1, next_reset = now + 4 + soak_pick(&x.rnd, 30);
     struct pollfd p = { x.listen_fd, POLLIN, 0 };
     while (!atomic_load(&x.b->exporters_stop) && now < end) {
@@ -202,14 +204,14 @@ int soak_exporter_main(int argc, char **argv)
             reshare_weights();
             next_reshare = now + 1 + soak_pick(&x.rnd, 3);
         }
-        if (now >= next_reset) {
+        if (now >= next_reset && !getenv("SOAK_STEADY")) {
             reset_context();
             next_reset = now + 10 + soak_pick(&x.rnd, 30);
         }
     }
     /* The last exporter's free is what the verdict's pinned bytes follow;
      * otherwise half the lives end without freeing, as crashes and quick exits do. */
-    if (atomic_load(&x.b->exporters_stop) || getenv("SOAK_NO_CRASH") || soak_pick(&x.rnd, 2))
+    if (atomic_load(&x.b->exporters_stop) || soak_pick(&x.rnd, 2))
         free_all();
     return 0;
 }

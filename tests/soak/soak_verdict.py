@@ -10,7 +10,7 @@ The checks, for each run:
   - no wrong value and no return code that differs from the shadow model;
   - no importer that ended early, none at its soft limit of open files;
   - flat series: after the warm-up (the first quarter of the run, at least
-    5 s), the slope test of each importer's series against its own opens
+    10 s: every exporter's weights synced once), the slope test of each importer's series against its own opens
     (legacy opens plus VMM imports), and of the machine's against the fleet's,
     is below its bound (BOUNDS: growth per million opens);
   - pinned bytes: what the stand-in's memory still holds after the last
@@ -126,7 +126,7 @@ class Verdict:
 
 
 def warm_up(summary):
-    return max(5.0, summary["seconds"] / 4)
+    return max(10.0, summary["seconds"] / 4)
 
 
 def judge_importers(rows, summary, v, label):
