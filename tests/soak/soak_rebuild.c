@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -58,6 +59,11 @@ static struct received *fds_of(struct soak_board *b, const char *run, int e)
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     uint64_t msg[2 + SOAK_MAX_CHUNKS];
     int n = -1;
+    /* An exporter busy freeing (each free waits for importers) does not
+     * answer for a while: rebuild another time rather than stall here. */
+    struct timeval wait = { 0, 200 * 1000 };
+    if (s >= 0)
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
     if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof(a)) == 0)
         n = soak_recv_fds(s, msg, sizeof(msg), r->fd, SOAK_MAX_CHUNKS);
     if (s >= 0)
