@@ -11,6 +11,7 @@
 #   make check-exports   the library exports only the intercepted names
 #   make fuzz            the differential fuzzer, SEEDS=1000 from FIRST=1
 #   make mutants         one-spot bugs of shim/ (tests/fuzz/mutants.txt): each must be caught
+#   make soak            a fleet on the stand-in for SOAK_MINUTES (5): every series flat, every value right
 #   make test-gpu        prove it on a real GPU (without one: skipped, exit status 77)
 #   make bench           benchmarks on a real GPU
 #   make bench-standin   the RL weight sync's VMM calls on the stand-in: the library's own cost
@@ -87,11 +88,12 @@ E2E_SRC    = $(filter-out tests/process/test_process_%.c tests/process/test_ghos
 TEST_BINS  = $(BUILD)/tests/test_unit $(BUILD)/tests/test_e2e $(BUILD)/tests/test_process \
              $(BUILD)/tests/probe $(BUILD)/tests/hello_tsan $(BUILD)/tests/vmm_errors \
              $(BUILD)/tests/test_ghost $(BUILD)/tests/ghost_peer $(BUILD)/tests/fuzz \
-             $(BUILD)/tools/standin_rl $(BUILD)/tools/standin_hits
+             $(BUILD)/tools/standin_rl $(BUILD)/tools/standin_hits \
+             $(BUILD)/tests/soak $(BUILD)/tests/libsoakplant.so
 INTERPOSERS = $(BUILD)/tests/libinterposer_next.so $(BUILD)/tests/libinterposer_handle.so \
               $(BUILD)/tests/libinterposer_getproc.so $(BUILD)/tests/libinterposer_resolver.so
 
-.PHONY: all help prereqs test run-tests test-programs test-sanitize test-aarch64 test-gpu bench bench-standin peer peer-fetch fuzz mutants demo wheel \
+.PHONY: all help prereqs test run-tests test-programs test-sanitize test-aarch64 test-gpu bench bench-standin peer peer-fetch fuzz mutants soak demo wheel \
         install uninstall clean check-exports
 
 all: $(LIB) $(CONFIG_TOOL)
@@ -253,6 +255,20 @@ $(BUILD)/tests/fuzz: tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_led
                      tests/standin/fake_cuda.h tests/standin/fake_vmm.h $(FAKE)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_ledger.c -ldl -lpthread
 
+# The stand-in soak's fleet (tests/soak/): one program, linked with the
+# stand-in driver; the library is preloaded into the processes it starts.
+SOAK_SRC = $(filter-out tests/soak/soak_plant.c,$(wildcard tests/soak/*.c))
+$(BUILD)/tests/soak: $(SOAK_SRC) $(wildcard tests/soak/*.h) tests/standin/fake_cuda.h \
+                     tests/standin/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
+	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $(SOAK_SRC) -L$(BUILD)/tests -lcuda \
+	    -Wl,-rpath,'$$ORIGIN' -lpthread
+
+# Faults planted under the library for the soak's own tests.
+$(BUILD)/tests/libsoakplant.so: tests/soak/soak_plant.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden \
+	    -I$(CUDA_HOME)/include $(SANITIZE) -o $@ $< -ldl
+
 # make test and make demo: one line per step; the build's command lines only
 # with V=1 (its warnings and errors always).
 QUIET_MAKE = $(MAKE) --no-print-directory $(if $(V),,--silent)
@@ -289,6 +305,13 @@ fuzz: $(LIB) $(FAKE) $(BUILD)/tests/fuzz
 # fuzz batch must fail. MUTANTS="3 7" runs only those.
 mutants:
 	@bash tests/fuzz/mutants.sh $(MUTANTS)
+
+# The stand-in soak (tests/soak/soak.sh says what it runs and its settings):
+# exits with its verdict.
+soak:
+	@bash tests/setup.sh soak
+	@$(QUIET_MAKE) $(LIB) $(FAKE) $(BUILD)/tests/soak
+	@bash tests/soak/soak.sh $(BUILD) $(abspath $(LIB))
 
 # The aarch64 build, cross-compiled and run under qemu-user.
 AARCH64_BUILD = build/aarch64

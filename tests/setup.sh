@@ -5,13 +5,15 @@
 #   setup.sh build    what make and make demo need (compiler, uthash)
 #   setup.sh aarch64  make test plus the cross compiler and qemu-user of
 #                     make test-aarch64
+#   setup.sh soak     what make needs, and matplotlib for make soak's plots
+#                     (optional: without root, a note and the plots are skipped)
 set -euo pipefail
 
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 missing=()
 [ -f /usr/include/uthash.h ] || missing+=(uthash-dev)
 command -v cc >/dev/null 2>&1 && command -v make >/dev/null 2>&1 || missing+=(build-essential)
-if [ "${1:-}" != build ]; then
+if [ "${1:-}" != build ] && [ "${1:-}" != soak ]; then
     [ -f /usr/include/criterion/criterion.h ] || missing+=(libcriterion-dev)
     command -v python3 >/dev/null 2>&1 || missing+=(python3)
     # The wheel test: make wheel (pip), a fresh virtual environment (venv);
@@ -24,6 +26,16 @@ if [ "${1:-}" = aarch64 ]; then
     command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu)
     [ -f /usr/aarch64-linux-gnu/include/stdio.h ] || missing+=(libc6-dev-arm64-cross)
     command -v qemu-aarch64 >/dev/null 2>&1 || missing+=(qemu-user)
+fi
+
+# Debian's matplotlib is its own python3's (another python3 may come first on PATH).
+if [ "${1:-}" = soak ] && ! python3 -c 'import matplotlib' >/dev/null 2>&1 &&
+    ! /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        missing+=(python3-matplotlib)
+    else
+        echo "setup: make soak's plots need matplotlib: sudo apt-get install -y python3-matplotlib" >&2
+    fi
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then

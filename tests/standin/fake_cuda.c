@@ -999,8 +999,10 @@ __attribute__((destructor)) static void write_counters_at_exit(void)
 #include <sys/file.h>
 #include <sys/mman.h>
 
-#define PHYS_ALLOCS 1024
-#define PHYS_HOLDERS 4096
+/* Room for a soak's fleet (tests/soak/); a full table is swept of what no
+ * live process allocates or maps before it is given up on. */
+#define PHYS_ALLOCS 8192
+#define PHYS_HOLDERS 16384
 
 struct phys_alloc { int64_t owner; uint64_t serial, bytes; int32_t used, freed; };
 /* One process's mappings of one allocation, in all its contexts. */
@@ -1036,15 +1038,37 @@ static struct phys_book *phys_lock(void)
 
 static void phys_unlock(void) { flock(g_phys.fd, LOCK_UN); }
 
+static int phys_alive(int64_t pid);
+static int phys_mapped(const struct phys_book *b, const struct phys_alloc *a);
+
+/* Frees the rows that no longer count: holders that exited, allocations
+ * freed (or whose owner exited) that no live process maps. Only when a
+ * table is full, so that a long run's rows are reused. */
+static void phys_sweep(struct phys_book *b)
+{
+    for (int i = 0; i < PHYS_HOLDERS; i++)
+        if (b->holders[i].count > 0 && !phys_alive(b->holders[i].holder))
+            b->holders[i].count = 0;
+    for (int i = 0; i < PHYS_ALLOCS; i++) {
+        struct phys_alloc *a = &b->allocs[i];
+        if (a->used && (a->freed || !phys_alive(a->owner)) && !phys_mapped(b, a))
+            a->used = 0;
+    }
+}
+
 static void phys_note_alloc(uint64_t serial, uint64_t bytes)
 {
     struct phys_book *b = phys_lock();
     if (!b) return;
-    for (int i = 0; i < PHYS_ALLOCS; i++) {
-        if (!b->allocs[i].used) {
-            b->allocs[i] = (struct phys_alloc){getpid(), serial, bytes, 1, 0};
-            break;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < PHYS_ALLOCS; i++) {
+            if (!b->allocs[i].used) {
+                b->allocs[i] = (struct phys_alloc){getpid(), serial, bytes, 1, 0};
+                phys_unlock();
+                return;
+            }
         }
+        phys_sweep(b);
     }
     phys_unlock();
 }
@@ -1071,6 +1095,11 @@ static void phys_note_map(uint64_t owner, uint64_t serial, int delta)
             h = x;
         else if (x->count <= 0 && !empty)
             empty = x;
+    }
+    if (!h && delta > 0 && !empty) {
+        phys_sweep(b);
+        for (int i = 0; i < PHYS_HOLDERS && !empty; i++)
+            if (b->holders[i].count <= 0) empty = &b->holders[i];
     }
     if (!h && delta > 0 && empty)
         *(h = empty) = (struct phys_holder){getpid(), (int64_t)owner, serial, 0};
@@ -1113,6 +1142,27 @@ uint64_t fakecuda_phys_bytes(void)
         const struct phys_alloc *a = &b->allocs[i];
         if (a->used && ((!a->freed && phys_alive(a->owner)) || phys_mapped(b, a)))
             total += a->bytes;
+    }
+    phys_unlock();
+    return total;
+}
+
+/* Bytes the process pid maps (or holds imported) of every allocation in the
+ * book: what the driver keeps mapped for it. */
+uint64_t fakecuda_phys_held_bytes(int64_t pid)
+{
+    struct phys_book *b = phys_lock();
+    if (!b) return 0;
+    uint64_t total = 0;
+    for (int i = 0; i < PHYS_HOLDERS; i++) {
+        const struct phys_holder *h = &b->holders[i];
+        for (int j = 0; h->count > 0 && h->holder == pid && j < PHYS_ALLOCS; j++) {
+            const struct phys_alloc *a = &b->allocs[j];
+            if (a->used && a->owner == h->owner && a->serial == h->serial) {
+                total += a->bytes;
+                break;
+            }
+        }
     }
     phys_unlock();
     return total;
@@ -1173,6 +1223,28 @@ size_t fakecuda_list_mappings(struct fakecuda_mapping *out, size_t cap)
     }
     unlock();
     return n;
+}
+
+int fakecuda_allocation_serial(CUdeviceptr dptr, uint64_t *serial)
+{
+    lock();
+    int i = alloc_find(dptr, 0);
+    if (i >= 0) *serial = g_alloc[i].serial;
+    unlock();
+    return i >= 0;
+}
+
+int fakecuda_ipc_allocation_at(CUdeviceptr ptr, uint64_t *pid, uint64_t *serial)
+{
+    lock();
+    int s = current_slot();
+    long i = s >= 0 ? map_find(s, ptr, 0) : -1;
+    if (i >= 0) {
+        *pid = g_maps[i].pid;
+        *serial = g_maps[i].serial;
+    }
+    unlock();
+    return i >= 0;
 }
 
 unsigned long long fakecuda_ctx_serial(CUcontext ctx)

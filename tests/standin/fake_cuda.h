@@ -88,6 +88,9 @@ const char *fakecuda_handle_magic(void);
  * exited) and no live process maps it. 0 when the variable is unset. */
 uint64_t fakecuda_phys_bytes(void);
 
+/* Of those, the bytes process pid maps or holds imported (0 when unset). */
+uint64_t fakecuda_phys_held_bytes(int64_t pid);
+
 /* CUDA 13's <cuda.h> no longer declares the 3-argument context creator (its
  * cuCtxCreate macro means cuCtxCreate_v4); the fake exports it. */
 CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags,
@@ -105,6 +108,15 @@ struct fakecuda_mapping {
 
 /* Copies up to cap live mappings into out[]; returns how many exist. */
 size_t fakecuda_list_mappings(struct fakecuda_mapping *out, size_t cap);
+
+/* The allocation (exporter pid, serial) the legacy IPC mapping holding ptr
+ * in the current context maps: what reading its bytes would tell; 0 when
+ * ptr lies in no mapping. The soak's value check (tests/soak/). */
+int fakecuda_ipc_allocation_at(CUdeviceptr ptr, uint64_t *pid, uint64_t *serial);
+
+/* The serial of this process's own allocation holding dptr (its exporter's
+ * side of the same fact); 0 when there is none. */
+int fakecuda_allocation_serial(CUdeviceptr dptr, uint64_t *serial);
 
 /* Creation serial of a live context (0: not a live context). */
 unsigned long long fakecuda_ctx_serial(CUcontext ctx);

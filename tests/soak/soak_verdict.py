@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""soak_verdict.py WITH [WITHOUT]
+
+The stand-in soak's verdict (make soak): reads the run folders that
+build/tests/soak wrote (importers.csv, machine.csv, summary.txt; WITH the run
+with the library, WITHOUT the same fleet without it), prints the report and
+exits 0 when every check passes, 1 when one fails.
+
+The checks, for each run:
+  - no wrong value and no return code that differs from the shadow model;
+  - no importer that ended early, none at its soft limit of open files;
+  - flat series: after the warm-up (the first quarter of the run, at least
+    10 s: every exporter's weights synced once), the slope test of each importer's series against its own opens
+    (legacy opens plus VMM imports), and of the machine's against the fleet's,
+    is below its bound (BOUNDS: growth per million opens);
+  - pinned bytes: what the stand-in's memory still holds after the last
+    exporter's free (and the importers' helpers' second) is no more than
+    the caps allow (the sum of the importers' IPCCACHE_MAX_IDLE_BYTES; 0
+    without the library);
+and, with the library, the fleet's hit rate in each window after the warm-up
+within HIT_BAND points of its first window's.
+
+The slope test: the measured span is cut into WINDOWS windows; each gives a
+point (opens at the window's end, the series' highest value in it); the
+least-squares line through them is the growth. A high-water mark ignores the
+ups and downs of a bounded series (what one second holds open) and follows a
+leak. A series passes when its growth per million opens is below the bound,
+or when the line's whole rise over the span is below its quantum (one fd,
+one table entry, 256 KiB of RSS: a series that moved by less than that has
+not grown, however few opens the run made).
+"""
+import argparse
+import csv
+import os
+import sys
+
+WINDOWS = 8
+HIT_BAND = 5.0   # percentage points
+MIB = 1 << 20
+
+# name: (column or sum of columns, bound per million opens, quantum, unit)
+IMPORTER_SERIES = {
+    "rss": (("rss_kib",), 64, 256, "KiB"),
+    "fds": (("fds",), 1, 2, "fds"),
+    "driver_bytes": (("driver_bytes",), MIB, 512 * MIB, "B"),
+    "lib_entries": (("lib_live", "lib_idle"), 1, 8, "entries"),
+    "lib_idle_entries": (("lib_idle",), 1, 8, "entries"),
+    "lib_idle_bytes": (("lib_idle_bytes",), MIB, 256 * MIB, "B"),
+}
+MACHINE_SERIES = {
+    "phys_bytes": (("phys_bytes",), MIB, 1024 * MIB, "B"),
+    "ledger_importers": (("ledger_importers",), 1, 2, "slots"),
+    "ledger_exports": (("ledger_exports",), 1, 128, "slots"),
+}
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def read_summary(path):
+    out = {}
+    with open(path) as f:
+        for line in f:
+            k, _, v = line.strip().partition("=")
+            out[k] = float(v) if v.replace(".", "", 1).isdigit() else v
+    return out
+
+
+def value(row, cols):
+    total = 0
+    for c in cols:
+        if row.get(c, "") == "":
+            return None
+        total += float(row[c])
+    return total
+
+
+def fit(xs, ys):
+    """Least-squares slope of ys against xs (0 when xs do not vary)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+
+
+def slope_test(points, bound, quantum):
+    """points: (t, opens, value) after the warm-up, in time order. Returns
+    (growth per million opens, rise over the span, passed)."""
+    if len(points) < 2:
+        return 0.0, 0.0, True
+    t0, t1 = points[0][0], points[-1][0]
+    width = (t1 - t0) / WINDOWS or 1
+    windows = {}
+    for t, x, y in points:
+        k = min(int((t - t0) / width), WINDOWS - 1)
+        cx, cy = windows.get(k, (x, y))
+        windows[k] = (max(cx, x), max(cy, y))
+    xs = [windows[k][0] for k in sorted(windows)]
+    ys = [windows[k][1] for k in sorted(windows)]
+    slope = fit(xs, ys)
+    rise = slope * (xs[-1] - xs[0])
+    growth = slope * 1e6
+    return growth, rise, growth <= bound or rise <= quantum
+
+
+class Verdict:
+    def __init__(self):
+        self.failures = []
+        self.worst = (0.0, "none")
+
+    def check(self, ok, what):
+        if not ok:
+            self.failures.append(what)
+
+    def growth(self, label, growth, bound, rise, quantum, unit, ok):
+        ratio = growth / bound if bound else 0
+        if ratio > self.worst[0]:
+            self.worst = (ratio, "%s %.3g %s per million opens (bound %g, rise %.3g, quantum %g)"
+                          % (label, growth, unit, bound, rise, quantum))
+        self.check(ok, "%s grows: %.3g %s per million opens (bound %g), rise %.3g over the span "
+                   "(quantum %g)" % (label, growth, unit, bound, rise, quantum))
+
+
+def warm_up(summary):
+    return max(10.0, summary["seconds"] / 4)
+
+
+def judge_importers(rows, summary, v, label):
+    warm, end = warm_up(summary), summary["seconds"]
+    by_imp = {}
+    for r in rows:
+        by_imp.setdefault(r["importer"], []).append(r)
+    for imp, rs in sorted(by_imp.items(), key=lambda kv: int(kv[0])):
+        last = rs[-1]
+        limit = int(last["fd_limit"] or 0)
+        most = max(int(r["fds"] or 0) for r in rs)
+        v.check(not limit or most < limit - 2,
+                "%s importer %s reached its limit of open files (%d of %d)" % (label, imp, most, limit))
+        for name, (cols, bound, quantum, unit) in IMPORTER_SERIES.items():
+            pts = [(float(r["t_s"]), float(r["opens"]) + float(r["imports"]), value(r, cols))
+                   for r in rs if warm <= float(r["t_s"]) <= end]
+            pts = [p for p in pts if p[2] is not None]
+            if not pts:
+                continue
+            g, rise, ok = slope_test(pts, bound, quantum)
+            v.growth("%s importer %s %s" % (label, imp, name), g, bound, rise, quantum, unit, ok)
+
+
+def judge_machine(rows, summary, v, label):
+    warm, end = warm_up(summary), summary["seconds"]
+    for name, (cols, bound, quantum, unit) in MACHINE_SERIES.items():
+        pts = [(float(r["t_s"]), float(r["opens"]) + float(r["imports"]), value(r, cols))
+               for r in rows if warm <= float(r["t_s"]) <= end]
+        g, rise, ok = slope_test(pts, bound, quantum)
+        v.growth("%s machine %s" % (label, name), g, bound, rise, quantum, unit, ok)
+
+
+def hit_rates(rows, summary):
+    """The fleet's hit rate (legacy and VMM imports) per window after the warm-up."""
+    warm, end = warm_up(summary), summary["seconds"]
+    totals = {}
+    for r in rows:
+        t = float(r["t_s"])
+        if r.get("lib_opens", "") == "" or not warm <= t <= end:
+            continue
+        o = float(r["lib_opens"]) + float(r["lib_vmm_imports"])
+        h = float(r["lib_hits"]) + float(r["lib_vmm_import_hits"])
+        ot, ht = totals.get(t, (0.0, 0.0))
+        totals[t] = (ot + o, ht + h)
+    ts = sorted(totals)
+    if len(ts) < 2:
+        return []
+    width = (ts[-1] - ts[0]) / WINDOWS or 1
+    rates, start = [], ts[0]
+    for k in range(WINDOWS):
+        inside = [t for t in ts if start + k * width <= t <= start + (k + 1) * width]
+        if len(inside) < 2:
+            continue
+        (o0, h0), (o1, h1) = totals[inside[0]], totals[inside[-1]]
+        if o1 > o0:
+            rates.append(100.0 * (h1 - h0) / (o1 - o0))
+    return rates
+
+
+def judge_run(folder, label, v):
+    s = read_summary(os.path.join(folder, "summary.txt"))
+    imps = read_csv(os.path.join(folder, "importers.csv"))
+    machine = read_csv(os.path.join(folder, "machine.csv"))
+    v.check(s["wrong"] == 0, "%s: %d wrong values" % (label, s["wrong"]))
+    v.check(s["rc_mismatch"] == 0, "%s: %d return codes differ from the model" % (label, s["rc_mismatch"]))
+    v.check(s["importer_deaths"] == 0, "%s: %d importers ended early" % (label, s["importer_deaths"]))
+    v.check(s["checks"] > 0, "%s: nothing was checked" % label)
+    v.check(s["pinned_after_last_free"] <= s["caps_bytes"],
+            "%s: %d bytes pinned after the last exporter's free (the caps allow %d)"
+            % (label, s["pinned_after_last_free"], s["caps_bytes"]))
+    judge_importers(imps, s, v, label)
+    judge_machine(machine, s, v, label)
+    rates = hit_rates(imps, s)
+    if rates:
+        v.check(all(abs(r - rates[0]) <= HIT_BAND for r in rates),
+                "%s: the hit rate left its band: %s %% (first %.1f %% +- %g)"
+                % (label, " ".join("%.1f" % r for r in rates), rates[0], HIT_BAND))
+    return s, rates
+
+
+def report(label, s, rates):
+    rate = (s["opens"] + s["imports"]) / s["seconds"] if s["seconds"] else 0
+    print("soak: %s: %d s, %d exporters (%d started, %d killed), %d importers" %
+          (label, s["seconds"], s["exporters"], s["exporter_starts"], s["exporter_kills"], s["importers"]))
+    print("soak: %s: opens %d + VMM imports %d = %.0f/s sustained; %d checks, wrong values %d, "
+          "return codes off the model %d" % (label, s["opens"], s["imports"], rate, s["checks"],
+                                             s["wrong"], s["rc_mismatch"]))
+    print("soak: %s: pinned after the last exporter's free: %d bytes (after %.1f s; caps allow %d)"
+          % (label, s["pinned_after_last_free"], s["pinned_wait_s"], s["caps_bytes"]))
+    if rates:
+        print("soak: %s: hit rate per window: %s %%" % (label, " ".join("%.1f" % r for r in rates)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("runs", nargs="+", help="WITH [WITHOUT]")
+    a = ap.parse_args()
+    v = Verdict()
+    labels = ["with", "without"]
+    for folder, label in zip(a.runs, labels):
+        s, rates = judge_run(folder, label, v)
+        report(label, s, rates)
+    print("soak: worst growth: %s" % v.worst[1])
+    for f in v.failures[:20]:
+        print("soak: FAIL: %s" % f)
+    if len(v.failures) > 20:
+        print("soak: ... and %d more" % (len(v.failures) - 20))
+    print("soak: verdict: %s" % ("pass" if not v.failures else "FAIL (%d)" % len(v.failures)))
+    return 0 if not v.failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

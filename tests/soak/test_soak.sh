@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+#
+# test_soak.sh - the stand-in soak's own logic (make soak, tests/soak/), no GPU:
+# the slope test on synthetic series (a flat noisy one, a bounded sawtooth and
+# a step inside the warm-up pass; a slow leak and a fast one fail; a series
+# that moved by less than its quantum passes however few the opens); then a
+# short fleet run with faults planted under the library
+# (tests/soak/soak_plant.c): a wrong pointer from one real open must be
+# reported as wrong values, and a build that keeps one fd per miss as a
+# growing fd series, while the same fleet without a plant reports neither.
+
+set -u
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=tests/tap.sh
+. "$root/tests/tap.sh"
+
+tap_setup soak
+build=${IPCC_TEST_BUILD:-build}
+[[ $build == /* ]] || build=$root/$build
+soak=$build/tests/soak
+lib=$build/libipccache.so
+plant=$build/tests/libsoakplant.so
+here=$root/tests/soak
+# The sanitizer run: the ASan runtime must be loaded before the library.
+prefix=${IPCC_TEST_PRELOAD_PREFIX:+$IPCC_TEST_PRELOAD_PREFIX }
+
+slope() {
+    python3 - "$here" "$@" <<'PY'
+import math, random, sys
+sys.path.insert(0, sys.argv[1])
+from soak_verdict import slope_test
+kind = sys.argv[2]
+random.seed(7)
+pts = []
+for i in range(120):
+    opens = 50000 * i
+    if kind == "flat":
+        y = 3000 + random.randint(-40, 40)
+    elif kind == "sawtooth":
+        y = 20 + (i % 17)
+    elif kind == "leak":
+        y = 30 + opens // 20000          # one fd per 20,000 opens: 50 per million
+    elif kind == "slow-leak":
+        y = 3000 + 2 * opens / 1e4       # 200 KiB per million opens
+    elif kind == "small":
+        y = 10 + (1 if i > 60 else 0)    # moved by one: its quantum is 2
+        opens = 100 * i
+    pts.append((float(i), float(opens), float(y)))
+bound, quantum = {"flat": (64, 256), "slow-leak": (64, 256)}.get(kind, (1, 2))
+growth, rise, ok = slope_test(pts, bound, quantum)
+sys.exit(0 if ok == (kind in ("flat", "sawtooth", "small")) else 1)
+PY
+}
+
+for k in flat sawtooth small; do
+    check "slope test: a $k series passes" slope "$k"
+done
+for k in leak slow-leak; do
+    check "slope test: a $k fails" slope "$k"
+done
+
+if [[ ! -x $soak || ! -f $plant ]]; then
+    not_ok "soak: $soak and $plant are built"
+    tap_summary soak
+    exit
+fi
+
+# A fleet of 2 exporters and 3 importers for 14 s (10 s of warm-up): steady
+# exporters (the plants are what is judged here).
+fleet() {
+    local out=$1 preload=$2
+    shift 2
+    env SOAK_STEADY=1 "$@" "$soak" run "$out" 14 3 2 3 "$preload" >"$out.log" 2>&1 &&
+        python3 "$here/soak_verdict.py" "$out" >"$out.verdict" 2>&1
+    return 0
+}
+fleet "$tmp/clean" "$prefix$lib"
+fleet "$tmp/wrong" "$prefix$lib $plant" SOAK_PLANT=wrong-value SOAK_PLANT_AT=50
+fleet "$tmp/leak" "$prefix$lib $plant" SOAK_PLANT=leak-fd
+
+TAP_SHOW="$tmp/clean.verdict $tmp/clean.log"
+check "soak: the fleet checks values and return codes" grep -qE 'checks, wrong values 0, return codes off the model 0' "$tmp/clean.verdict"
+check "soak: no planted fault, no growing fd series" bash -c "! grep -q 'fds grows' '$tmp/clean.verdict'"
+TAP_SHOW="$tmp/wrong.verdict"
+check "soak: a planted wrong value is reported" grep -qE 'FAIL: with: [1-9][0-9]* wrong values' "$tmp/wrong.verdict"
+check "soak: a planted wrong value fails the verdict" grep -q 'verdict: FAIL' "$tmp/wrong.verdict"
+TAP_SHOW="$tmp/leak.verdict"
+check "soak: a planted fd per miss is reported as growing" grep -qE 'FAIL: with importer [0-9]+ fds grows' "$tmp/leak.verdict"
+tap_summary soak
