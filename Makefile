@@ -38,7 +38,7 @@ ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 SHIM_DIRS := $(shell sed -e 's/\#.*//' shim/layers.txt)
 SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            shim/legacy/legacy_calls.c shim/legacy/legacy_close.c shim/legacy/legacy_exporter.c \
-           shim/legacy/legacy_importer.c \
+           shim/legacy/legacy_importer.c shim/legacy/legacy_exporter_teardown.c \
            shim/vmm/vmm_calls.c shim/vmm/vmm_close.c shim/vmm/vmm_exporter.c \
            shim/vmm/vmm_importer.c shim/vmm/vmm_identity.c shim/vmm/vmm_fds.c \
            $(LEGACY_TABLE) $(VMM_TABLE) $(LEDGER_SRC) shim/ledger/ledger_helper.c \

@@ -32,6 +32,13 @@ IPCC_HIDDEN void ipcc_legacy_close_fork_child(void);
 /* legacy_exporter.c: cuIpcGetMemHandle and cuMemFree{,_v2} of exported memory. */
 IPCC_HIDDEN int ipcc_legacy_export_call(void *handle, uint64_t dptr);
 IPCC_HIDDEN int ipcc_legacy_free_call(int slot, uint64_t dptr);
+IPCC_HIDDEN int ipcc_legacy_exported_any(void); /* one load: 0 until something is */
+
+/* legacy_exporter_teardown.c: a context's teardown frees what was exported in
+ * it. Before the real cuCtxDestroy: its exports, by the context's id; after a
+ * real primary release or reset: those of every context that died. */
+IPCC_HIDDEN void ipcc_legacy_exporter_teardown(uint64_t ctx_id);
+IPCC_HIDDEN void ipcc_legacy_exporter_sweep(void);
 
 /* legacy_importer.c: the legacy kind's part (vmm_importer.c: ipcc_vmm_let_go, ...). */
 IPCC_HIDDEN void ipcc_legacy_let_go(const void *handle);

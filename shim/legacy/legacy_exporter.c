@@ -5,7 +5,9 @@
  * handle) and publish the handle in the ledger, so importers learn whose it
  * is. cuMemFree of such an allocation: ask the importers to close their idle
  * mappings of it, wait for them (IPCCACHE_RELEASE_WAIT_MS at most), then free
- * for real - so the memory comes back as it does without the cache.
+ * for real - so the memory comes back as it does without the cache. Each
+ * export remembers the context it was made in, whose teardown frees the
+ * allocation too (legacy_exporter_teardown.c).
  *
  * Frees of memory never exported cost one atomic load until the process
  * exports something, then one hash lookup under the table lock. The table
@@ -18,7 +20,7 @@
 
 #include <cuda.h>
 
-#include "legacy.h"
+#include "legacy_impl.h"
 #include "ledger.h"
 
 static int exported_oom;
@@ -34,6 +36,8 @@ typedef CUresult (*free_v2_fn)(CUdeviceptr);
 struct exported {
     uint64_t base;
     unsigned char handle[IPCC_HANDLE_BYTES];
+    void *ctx;          /* the context current at the export, NULL if none */
+    uint64_t ctx_id;    /* and its id: a pointer alone may be a newer context */
     UT_hash_handle hh;
 };
 
@@ -63,7 +67,19 @@ static uint64_t base_of(uint64_t dptr)
     return dptr;
 }
 
-static void remember(uint64_t base, const void *handle)
+/* The calling thread's current context and its id; NULL without one (or
+ * without context ids: such an export is let go of only at its free). */
+static void *export_context(uint64_t *id)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    void *ctx = NULL;
+    if (!d->ctx_get_current || d->ctx_get_current(&ctx) != CUDA_SUCCESS ||
+        ipcc_legacy_context_id(NULL, id) < 0)
+        return NULL;
+    return ctx;
+}
+
+static void remember(uint64_t base, const void *handle, void *ctx, uint64_t ctx_id)
 {
     struct exported *e;
     ipcc_lock();
@@ -77,8 +93,11 @@ static void remember(uint64_t base, const void *handle)
             e = NULL;
         }
     }
-    if (e)
+    if (e) {
         memcpy(e->handle, handle, IPCC_HANDLE_BYTES);
+        e->ctx = ctx;
+        e->ctx_id = ctx_id;
+    }
     ipcc_unlock();
     if (!e) {
         ipcc_log(IPCC_LOG_WARN, "out of memory; freeing exported 0x%llx will not wait "
@@ -114,9 +133,68 @@ int ipcc_legacy_export_call(void *handle, uint64_t dptr)
     ipcc_lifecycle_start();
     if (ipcc_config.disabled)
         return rc;
-    remember(base_of(dptr), handle);
+    uint64_t ctx_id = 0;
+    void *ctx = export_context(&ctx_id);
+    remember(base_of(dptr), handle, ctx, ctx_id);
     ipcc_ledger_publish(handle); /* unknown to the ledger: importers ask for all */
     return rc;
+}
+
+int ipcc_legacy_exported_any(void)
+{
+    return atomic_load_explicit(&anything_exported, memory_order_acquire);
+}
+
+/* Before the allocation at base goes (its free, its context's teardown): if
+ * it was exported, importers let go of their idle mappings of it (waiting
+ * wait_ns at most) and its handle leaves the ledger. */
+void ipcc_legacy_unexport(uint64_t base, uint64_t wait_ns)
+{
+    unsigned char handle[IPCC_HANDLE_BYTES];
+    if (!ipcc_legacy_exported_any() || !forget(base, handle))
+        return;
+    int late = ipcc_ledger_release(handle, wait_ns);
+    if (late > 0)
+        ipcc_log(IPCC_LOG_DEBUG, "%d importer(s) did not let go of 0x%llx within %llu ms",
+                 late, (unsigned long long)base, (unsigned long long)ipcc_config.release_wait_ms);
+    ipcc_ledger_unpublish(handle);
+}
+
+/* Up to cap bases of the allocations exported in context ctx_id; how many. */
+size_t ipcc_legacy_exported_in(uint64_t ctx_id, uint64_t *bases, size_t cap)
+{
+    struct exported *e, *tmp;
+    size_t n = 0;
+    ipcc_lock();
+    HASH_ITER(hh, exported, e, tmp) {
+        if (n == cap)
+            break;
+        if (e->ctx && e->ctx_id == ctx_id)
+            bases[n++] = e->base;
+    }
+    ipcc_unlock();
+    return n;
+}
+
+/* The contexts exports were made in, each once, up to cap; how many. */
+size_t ipcc_legacy_export_contexts(void **ctxs, uint64_t *ids, size_t cap)
+{
+    struct exported *e, *tmp;
+    size_t n = 0;
+    ipcc_lock();
+    HASH_ITER(hh, exported, e, tmp) {
+        size_t i = 0;
+        while (i < n && ids[i] != e->ctx_id)
+            i++;
+        if (!e->ctx || i < n)
+            continue;
+        if (n == cap)
+            break;
+        ctxs[n] = e->ctx;
+        ids[n++] = e->ctx_id;
+    }
+    ipcc_unlock();
+    return n;
 }
 
 /* Asks importers to let go of the allocation at dptr if it was exported,
@@ -126,15 +204,7 @@ int ipcc_legacy_free_call(int slot, uint64_t dptr)
     void *real = ipcc_real(slot);
     if (!real)
         return IPCC_CUDA_NO_DRIVER;
-    unsigned char handle[IPCC_HANDLE_BYTES];
-    if (atomic_load_explicit(&anything_exported, memory_order_acquire) && forget(dptr, handle)) {
-        int late = ipcc_ledger_release(handle, ipcc_config.release_wait_ms * 1000000ULL);
-        if (late > 0)
-            ipcc_log(IPCC_LOG_DEBUG, "%d importer(s) did not let go of 0x%llx within %llu ms",
-                     late, (unsigned long long)dptr,
-                     (unsigned long long)ipcc_config.release_wait_ms);
-        ipcc_ledger_unpublish(handle);
-    }
+    ipcc_legacy_unexport(dptr, ipcc_config.release_wait_ms * 1000000ULL);
     if (slot == IPCC_SLOT_MEM_FREE_V1)
         return ((free_v1_fn)real)((unsigned int)dptr);
     return ((free_v2_fn)real)((CUdeviceptr)dptr);

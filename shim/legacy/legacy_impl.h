@@ -1,8 +1,8 @@
 /*
  * legacy_impl.h - what the legacy kind's files share among themselves,
  * private to shim/legacy/: the list of closes in flight (legacy_close.c),
- * which an open or close that meets one of them waits on. The kind's
- * interface is legacy.h.
+ * which an open or close that meets one of them waits on, and the
+ * exporter's table as its teardown reads it. The kind's interface is legacy.h.
  */
 #ifndef IPCC_LEGACY_IMPL_H
 #define IPCC_LEGACY_IMPL_H
@@ -13,5 +13,11 @@ IPCC_HIDDEN void ipcc_legacy_close_untaken(const struct ipcc_legacy_victim *v, s
 IPCC_HIDDEN int ipcc_legacy_close_pending(uint64_t ctx_id, uint64_t dptr);
 IPCC_HIDDEN void ipcc_legacy_close_wait(uint64_t ctx_id, uint64_t dptr);
 IPCC_HIDDEN size_t ipcc_legacy_close_wait_elsewhere(uint64_t keep_ctx_id);
+IPCC_HIDDEN int ipcc_legacy_context_is(void *ctx, uint64_t id);
+
+/* legacy_exporter.c's table, for legacy_exporter_teardown.c. */
+IPCC_HIDDEN void ipcc_legacy_unexport(uint64_t base, uint64_t wait_ns);
+IPCC_HIDDEN size_t ipcc_legacy_exported_in(uint64_t ctx_id, uint64_t *bases, size_t cap);
+IPCC_HIDDEN size_t ipcc_legacy_export_contexts(void **ctxs, uint64_t *ids, size_t cap);
 
 #endif
