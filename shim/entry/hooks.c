@@ -124,9 +124,9 @@ static CUresult destroy_context(int slot, CUcontext ctx)
     if (!real)
         return IPCC_CUDA_NO_DRIVER;
     uint64_t id = 0;
-    /* Only a process that cached or exported something needs to look. */
-    int known = ctx && (ipcc_budget_legacy() || ipcc_legacy_exported_any()) &&
-                ipcc_legacy_context_id(ctx, &id) == 0;
+    /* Only a process that cached or exported something (either made the
+     * table) needs to look. */
+    int known = ctx && ipcc_budget_legacy() && ipcc_legacy_context_id(ctx, &id) == 0;
     if (known)
         ipcc_legacy_exporter_teardown(id); /* importers let go first, as at a free */
     CUresult rc = real(ctx);

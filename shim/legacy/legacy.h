@@ -32,7 +32,6 @@ IPCC_HIDDEN void ipcc_legacy_close_fork_child(void);
 /* legacy_exporter.c: cuIpcGetMemHandle and cuMemFree{,_v2} of exported memory. */
 IPCC_HIDDEN int ipcc_legacy_export_call(void *handle, uint64_t dptr);
 IPCC_HIDDEN int ipcc_legacy_free_call(int slot, uint64_t dptr);
-IPCC_HIDDEN int ipcc_legacy_exported_any(void); /* one load: 0 until something is */
 
 /* legacy_exporter_teardown.c: a context's teardown frees what was exported in
  * it. Before the real cuCtxDestroy: its exports, by the context's id; after a

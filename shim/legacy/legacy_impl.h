@@ -16,6 +16,7 @@ IPCC_HIDDEN size_t ipcc_legacy_close_wait_elsewhere(uint64_t keep_ctx_id);
 IPCC_HIDDEN int ipcc_legacy_context_is(void *ctx, uint64_t id);
 
 /* legacy_exporter.c's table, for legacy_exporter_teardown.c. */
+IPCC_HIDDEN int ipcc_legacy_exported_any(void); /* one load: 0 until something is */
 IPCC_HIDDEN void ipcc_legacy_unexport(uint64_t base, uint64_t wait_ns);
 IPCC_HIDDEN size_t ipcc_legacy_exported_in(uint64_t ctx_id, uint64_t *bases, size_t cap);
 IPCC_HIDDEN size_t ipcc_legacy_export_contexts(void **ctxs, uint64_t *ids, size_t cap);

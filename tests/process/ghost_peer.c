@@ -26,6 +26,8 @@
  * Context teardown (the exporter's allocations in that context go with it):
  *   ctx_new          cuCtxCreate on device 0, made current: "ok RC"
  *   ctx_destroy      cuCtxDestroy of the newest one ctx_new made: "ok RC"
+ *   ctx_destroy_direct  the same past every interposer (the stand-in's own
+ *                    call, as a library bound to the driver makes it): "ok RC"
  *   primary_retain   one more reference to device 0's primary context, made
  *                    current (setup took the first): "ok RC"
  *   primary_release  cuDevicePrimaryCtxRelease of device 0: "ok RC"
@@ -361,9 +363,9 @@ static void cmd_ctx_new(void)
     reply("ok %lld", rc);
 }
 
-static void cmd_ctx_destroy(void)
+static void cmd_ctx_destroy(CUresult (*destroy)(CUcontext))
 {
-    reply("ok %lld", nmade ? cuCtxDestroy(made[--nmade]) : CUDA_ERROR_INVALID_CONTEXT);
+    reply("ok %lld", nmade ? destroy(made[--nmade]) : CUDA_ERROR_INVALID_CONTEXT);
 }
 
 static void cmd_primary_retain(void)
@@ -444,7 +446,9 @@ static void dispatch(char *cmd, char *arg)
     else if (strcmp(cmd, "ctx_new") == 0)
         cmd_ctx_new();
     else if (strcmp(cmd, "ctx_destroy") == 0)
-        cmd_ctx_destroy();
+        cmd_ctx_destroy(cuCtxDestroy);
+    else if (strcmp(cmd, "ctx_destroy_direct") == 0)
+        cmd_ctx_destroy(fakecuda_ctx_destroy_direct);
     else if (strcmp(cmd, "primary_retain") == 0)
         cmd_primary_retain();
     else if (strcmp(cmd, "primary_release") == 0)

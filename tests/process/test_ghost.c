@@ -1228,6 +1228,40 @@ ParameterizedTest(int *way, ghost, teardown_leaves_other_contexts_exports, .time
     finish(&exp);
 }
 
+Test(ghost, teardown_lets_go_of_more_exports_than_one_look_takes, .timeout = 60)
+{
+    /* A reset lets go of every export of its context, past the 64 the library takes off its table at a time. */
+    enum { N = 70 };
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    for (int i = 0; i < N; i++) {
+        struct exported e = export(&exp, MIB);
+        import(&imp, &e, 1);
+    }
+    cr_assert(eq(u64, phys(), N * MIB));
+    tear_down(&exp, PRIMARY_RESET);
+    cr_assert(eq(u64, phys(), 0), "some idle mappings still pin the torn-down memory");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, teardown_past_the_library_is_caught_up_by_the_next_primary_one, .timeout = 40)
+{
+    /* A context destroyed past the library, its address taken by a new one: the next primary reset through the library finds its id gone and lets go of its exports. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    cr_assert_eq(ok(&exp, ask(&exp, "ctx_new")), CUDA_SUCCESS);
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    cr_assert_eq(ok(&exp, ask(&exp, "ctx_destroy_direct")), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 16 * MIB), "unseen, the teardown cannot have let go");
+    cr_assert_eq(ok(&exp, ask(&exp, "ctx_new")), CUDA_SUCCESS); /* at the dead one's address */
+    tear_down(&exp, PRIMARY_RESET);
+    cr_assert(eq(u64, phys(), 0), "the dead context's export was taken for the new one's");
+    finish(&imp);
+    finish(&exp);
+}
+
 Test(ghost, primary_release_that_is_not_the_last_lets_nothing_go, .timeout = 40)
 {
     /* A release of the primary context that leaves it alive frees nothing: the importer keeps its idle mapping until the last release. */
