@@ -40,7 +40,7 @@ ALL_CFLAGS  = $(CFLAGS_BASE) $(CFLAGS)
 SHIM_DIRS := $(shell sed -e 's/\#.*//' shim/layers.txt)
 SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            shim/legacy/legacy_calls.c shim/legacy/legacy_close.c shim/legacy/legacy_exporter.c \
-           shim/legacy/legacy_give_way.c \
+           shim/legacy/legacy_give_way.c shim/legacy/legacy_exporter_teardown.c \
            shim/legacy/legacy_importer.c \
            shim/vmm/vmm_calls.c shim/vmm/vmm_close.c shim/vmm/vmm_exporter.c \
            shim/vmm/vmm_importer.c shim/vmm/vmm_identity.c shim/vmm/vmm_fds.c \

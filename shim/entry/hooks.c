@@ -1,8 +1,9 @@
 /*
  * hooks.c - the exported driver entry points, and the one table that lists
  * them. Each wrapper is thin: it forwards to legacy_calls.c (IPC), to the real
- * resolver (cuGetProcAddress), or to the real teardown call followed by
- * dropping the dead context's entries.
+ * resolver (cuGetProcAddress), or to the real teardown call, around which
+ * importers let go of what was exported in the dying context and its
+ * entries are dropped.
  *
  * cuda.h renames several functions to their _v2 spelling; we #undef the
  * renames so both spellings can be defined, each forwarding to the ABI it
@@ -115,7 +116,7 @@ IPCC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver
     return rc;
 }
 
-/* ---- context teardown: the driver unmaps everything the context held ---- */
+/* ---- context teardown: the driver unmaps and frees what the context held */
 
 static CUresult destroy_context(int slot, CUcontext ctx)
 {
@@ -123,8 +124,11 @@ static CUresult destroy_context(int slot, CUcontext ctx)
     if (!real)
         return IPCC_CUDA_NO_DRIVER;
     uint64_t id = 0;
-    /* Only a process that cached something needs to look. */
+    /* Only a process that cached or exported something (either made the
+     * table) needs to look. */
     int known = ctx && ipcc_budget_legacy() && ipcc_legacy_context_id(ctx, &id) == 0;
+    if (known)
+        ipcc_legacy_exporter_teardown(id); /* importers let go first, as at a free */
     CUresult rc = real(ctx);
     if (rc == CUDA_SUCCESS && known)
         ipcc_legacy_forget_context(id);
@@ -149,8 +153,11 @@ static CUresult primary_teardown(int slot, CUdevice dev)
     if (!real)
         return IPCC_CUDA_NO_DRIVER;
     CUresult rc = real(dev);
-    if (rc == CUDA_SUCCESS && ipcc_budget_legacy())
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (ipcc_budget_legacy())
         ipcc_legacy_sweep_contexts();
+    ipcc_legacy_exporter_sweep(); /* before the call returns: the memory is back */
     return rc;
 }
 

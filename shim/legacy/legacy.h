@@ -33,6 +33,12 @@ IPCC_HIDDEN void ipcc_legacy_close_fork_child(void);
 IPCC_HIDDEN int ipcc_legacy_export_call(void *handle, uint64_t dptr);
 IPCC_HIDDEN int ipcc_legacy_free_call(int slot, uint64_t dptr);
 
+/* legacy_exporter_teardown.c: a context's teardown frees what was exported in
+ * it. Before the real cuCtxDestroy: its exports, by the context's id; after a
+ * real primary release or reset: those of every context that died. */
+IPCC_HIDDEN void ipcc_legacy_exporter_teardown(uint64_t ctx_id);
+IPCC_HIDDEN void ipcc_legacy_exporter_sweep(void);
+
 /* legacy_importer.c: the legacy kind's part (vmm_importer.c: ipcc_vmm_let_go, ...). */
 IPCC_HIDDEN void ipcc_legacy_let_go(const void *handle);
 IPCC_HIDDEN void ipcc_legacy_after_close(void);

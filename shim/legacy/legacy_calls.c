@@ -358,9 +358,7 @@ void ipcc_legacy_sweep_contexts(void)
     ipcc_lock();
     size_t n = ipcc_legacy_contexts(ipcc_budget_legacy(), ctxs, ids, MAX_CONTEXTS);
     ipcc_unlock();
-    for (size_t i = 0; i < n; i++) {
-        uint64_t id;
-        if (ipcc_legacy_context_id(ctxs[i], &id) < 0 || id != ids[i])
+    for (size_t i = 0; i < n; i++)
+        if (!ipcc_legacy_context_is(ctxs[i], ids[i]))
             ipcc_legacy_forget_context(ids[i]);
-    }
 }

@@ -43,6 +43,14 @@ int ipcc_legacy_context_id(void *ctx, uint64_t *id)
     return 0;
 }
 
+/* Whether ctx still answers to id: 0 once it was torn down, a newer context
+ * at its address (a reset primary one included) answering another. */
+int ipcc_legacy_context_is(void *ctx, uint64_t id)
+{
+    uint64_t now;
+    return ipcc_legacy_context_id(ctx, &now) == 0 && now == id;
+}
+
 /* ---- mappings being closed --------------------------------------------- */
 
 /*

@@ -15,6 +15,9 @@
  * asked about at once and unlisted, so that every handle is asked about and
  * a process that re-exports without end lists a bounded number of them.
  *
+ * Each export remembers the context it was made in, whose teardown frees the
+ * allocation too (legacy_exporter_teardown.c).
+ *
  * Frees of memory never exported cost one atomic load until the process
  * exports something, then one hash lookup under the table lock. The table
  * lock is never held across a driver call or the wait.
@@ -26,7 +29,7 @@
 
 #include <cuda.h>
 
-#include "legacy.h"
+#include "legacy_impl.h"
 #include "ledger.h"
 
 static int exported_oom;
@@ -47,6 +50,8 @@ struct exported {
     uint64_t base;
     unsigned n, next;
     unsigned char handle[HANDLES_PER_ALLOCATION][IPCC_HANDLE_BYTES];
+    void *ctx;          /* the context current at the last export, NULL if none */
+    uint64_t ctx_id;    /* and its id: a pointer alone may be a newer context */
     UT_hash_handle hh;
 };
 
@@ -110,7 +115,19 @@ static void let_go_early(const unsigned char *handle)
     ipcc_ledger_unpublish(handle);
 }
 
-static void remember(uint64_t base, const void *handle)
+/* The calling thread's current context and its id; NULL without one (or
+ * without context ids: such an export is let go of only at its free). */
+static void *export_context(uint64_t *id)
+{
+    const struct ipcc_driver *d = ipcc_driver();
+    void *ctx = NULL;
+    if (!d->ctx_get_current || d->ctx_get_current(&ctx) != CUDA_SUCCESS ||
+        ipcc_legacy_context_id(NULL, id) < 0)
+        return NULL;
+    return ctx;
+}
+
+static void remember(uint64_t base, const void *handle, void *ctx, uint64_t ctx_id)
 {
     struct exported *e;
     unsigned char dropped[IPCC_HANDLE_BYTES];
@@ -126,8 +143,11 @@ static void remember(uint64_t base, const void *handle)
             e = NULL;
         }
     }
-    if (e)
+    if (e) {
         is_new = add_handle(e, handle, dropped, &was_dropped);
+        e->ctx = ctx;
+        e->ctx_id = ctx_id;
+    }
     ipcc_unlock();
     if (!e) {
         ipcc_log(IPCC_LOG_WARN, "out of memory; freeing exported 0x%llx will not wait "
@@ -165,15 +185,22 @@ int ipcc_legacy_export_call(void *handle, uint64_t dptr)
     ipcc_lifecycle_start();
     if (ipcc_config.disabled)
         return rc;
-    remember(base_of(dptr), handle);
+    uint64_t ctx_id = 0;
+    void *ctx = export_context(&ctx_id);
+    remember(base_of(dptr), handle, ctx, ctx_id);
     return rc;
 }
 
-/* Asks importers to let go of e's every handle, waiting for them all
- * together (IPCCACHE_RELEASE_WAIT_MS at most), and unlists them. */
-static void release_exported(const struct exported *e)
+int ipcc_legacy_exported_any(void)
 {
-    uint64_t deadline = ipcc_clock_ns() + ipcc_config.release_wait_ms * 1000000ULL;
+    return atomic_load_explicit(&anything_exported, memory_order_acquire);
+}
+
+/* Asks importers to let go of e's every handle, waiting for them all
+ * together (wait_ns at most), and unlists them. */
+static void release_exported(const struct exported *e, uint64_t wait_ns)
+{
+    uint64_t deadline = ipcc_clock_ns() + wait_ns;
     for (unsigned i = 0; i < e->n; i++) {
         uint64_t now = ipcc_clock_ns();
         int late = ipcc_ledger_release(e->handle[i], deadline > now ? deadline - now : 0);
@@ -185,6 +212,55 @@ static void release_exported(const struct exported *e)
     }
 }
 
+/* Before the allocation at base goes (its free, its context's teardown): if
+ * it was exported, importers let go of their idle mappings of it (waiting
+ * wait_ns at most) and its handles leave the ledger. */
+void ipcc_legacy_unexport(uint64_t base, uint64_t wait_ns)
+{
+    struct exported *e = ipcc_legacy_exported_any() ? forget(base) : NULL;
+    if (e) {
+        release_exported(e, wait_ns);
+        ipcc_mem_free(e);
+    }
+}
+
+/* Up to cap bases of the allocations exported in context ctx_id; how many. */
+size_t ipcc_legacy_exported_in(uint64_t ctx_id, uint64_t *bases, size_t cap)
+{
+    struct exported *e, *tmp;
+    size_t n = 0;
+    ipcc_lock();
+    HASH_ITER(hh, exported, e, tmp) {
+        if (n == cap)
+            break;
+        if (e->ctx && e->ctx_id == ctx_id)
+            bases[n++] = e->base;
+    }
+    ipcc_unlock();
+    return n;
+}
+
+/* The contexts exports were made in, each once, up to cap; how many. */
+size_t ipcc_legacy_export_contexts(void **ctxs, uint64_t *ids, size_t cap)
+{
+    struct exported *e, *tmp;
+    size_t n = 0;
+    ipcc_lock();
+    HASH_ITER(hh, exported, e, tmp) {
+        size_t i = 0;
+        while (i < n && ids[i] != e->ctx_id)
+            i++;
+        if (!e->ctx || i < n)
+            continue;
+        if (n == cap)
+            break;
+        ctxs[n] = e->ctx;
+        ids[n++] = e->ctx_id;
+    }
+    ipcc_unlock();
+    return n;
+}
+
 /* Asks importers to let go of the allocation at dptr if it was exported,
  * then frees it for real (the ABI of the given slot). */
 int ipcc_legacy_free_call(int slot, uint64_t dptr)
@@ -192,13 +268,7 @@ int ipcc_legacy_free_call(int slot, uint64_t dptr)
     void *real = ipcc_real(slot);
     if (!real)
         return IPCC_CUDA_NO_DRIVER;
-    struct exported *e = NULL;
-    if (atomic_load_explicit(&anything_exported, memory_order_acquire))
-        e = forget(dptr);
-    if (e) {
-        release_exported(e);
-        ipcc_mem_free(e);
-    }
+    ipcc_legacy_unexport(dptr, ipcc_config.release_wait_ms * 1000000ULL);
     if (slot == IPCC_SLOT_MEM_FREE_V1)
         return ((free_v1_fn)real)((unsigned int)dptr);
     return ((free_v2_fn)real)((CUdeviceptr)dptr);

@@ -1,9 +1,9 @@
 /*
  * legacy_impl.h - what the legacy kind's files share among themselves,
  * private to shim/legacy/: the list of closes in flight (legacy_close.c),
- * which an open or close that meets one of them waits on, and what gives
- * way to an open refused in another context (legacy_give_way.c). The kind's
- * interface is legacy.h.
+ * which an open or close that meets one of them waits on, what gives way to
+ * an open refused in another context (legacy_give_way.c), and the exporter's
+ * table as its teardown reads it. The kind's interface is legacy.h.
  */
 #ifndef IPCC_LEGACY_IMPL_H
 #define IPCC_LEGACY_IMPL_H
@@ -30,5 +30,12 @@ IPCC_HIDDEN void ipcc_legacy_way_of(struct ipcc_legacy_way *w, uint64_t ctx_id,
                                     const void *handle);
 IPCC_HIDDEN size_t ipcc_legacy_close_in_the_way(struct ipcc_legacy_way *w);
 IPCC_HIDDEN size_t ipcc_legacy_close_wait_in_the_way(struct ipcc_legacy_way *w);
+IPCC_HIDDEN int ipcc_legacy_context_is(void *ctx, uint64_t id);
+
+/* legacy_exporter.c's table, for legacy_exporter_teardown.c. */
+IPCC_HIDDEN int ipcc_legacy_exported_any(void); /* one load: 0 until something is */
+IPCC_HIDDEN void ipcc_legacy_unexport(uint64_t base, uint64_t wait_ns);
+IPCC_HIDDEN size_t ipcc_legacy_exported_in(uint64_t ctx_id, uint64_t *bases, size_t cap);
+IPCC_HIDDEN size_t ipcc_legacy_export_contexts(void **ctxs, uint64_t *ids, size_t cap);
 
 #endif

@@ -5,7 +5,8 @@
  *
  * The fuzz process forks one exporter and one to three importers, each
  * serving commands on a pipe, and plays a random sequence: allocate and
- * export, open in an importer, close there, free in the exporter, an
+ * export, open in an importer, close there, free in the exporter, the
+ * exporter's primary context reset (which frees all its allocations), an
  * importer's exit or kill. After each step it prints the return code and the
  * bytes the stand-in's book says are still physically allocated
  * (FAKECUDA_PHYS_DIR, a folder of its own). Without the library an idle
@@ -31,7 +32,7 @@
 #define STEPS 24
 #define HANDLE_BYTES CU_IPC_HANDLE_SIZE
 
-enum { CMD_ALLOC, CMD_FREE, CMD_OPEN, CMD_CLOSE, CMD_EXIT };
+enum { CMD_ALLOC, CMD_FREE, CMD_OPEN, CMD_CLOSE, CMD_RESET, CMD_EXIT };
 
 struct cmd { int op, arg; unsigned char handle[HANDLE_BYTES]; };
 struct answer { int rc, idx; unsigned char handle[HANDLE_BYTES]; };
@@ -44,6 +45,7 @@ static struct {
     CUresult (*close)(CUdeviceptr);
     CUresult (*retain)(CUcontext *, CUdevice);
     CUresult (*set_current)(CUcontext);
+    CUresult (*reset)(CUdevice);
     uint64_t (*phys)(void);
 } d;
 
@@ -79,6 +81,13 @@ static void serve(int in, int out)
             break;
         case CMD_CLOSE:
             a.rc = d.close(ptrs[c.arg]);
+            break;
+        case CMD_RESET: /* and a new primary context, for the allocations to come */
+            a.rc = d.reset(0);
+            if (a.rc == CUDA_SUCCESS)
+                a.rc = d.retain(&ctx, 0);
+            if (a.rc == CUDA_SUCCESS)
+                a.rc = d.set_current(ctx);
             break;
         default:
             exit(0); /* exit handlers run, as at a program's end */
@@ -157,6 +166,7 @@ static void load(void)
     d.close = driver_symbol("cuIpcCloseMemHandle");
     d.retain = driver_symbol("cuDevicePrimaryCtxRetain");
     d.set_current = driver_symbol("cuCtxSetCurrent");
+    d.reset = driver_symbol("cuDevicePrimaryCtxReset_v2");
     d.phys = (uint64_t (*)(void))driver_symbol("fakecuda_phys_bytes");
 }
 
@@ -189,6 +199,11 @@ static void step(struct peer *peers, int nimp, uint64_t *s, int k)
         r = ask(exp, (struct cmd){ .op = CMD_FREE, .arg = st.a[a].exp_idx });
         st.a[a].freed = 1;
         what = "free";
+    } else if (kind == 9 && pick(s, 3) == 0) {
+        r = ask(exp, (struct cmd){ .op = CMD_RESET });
+        for (int j = 0; j < st.n; j++)
+            st.a[j].freed = 1;
+        what = "exporter's reset";
     } else if (kind == 9 && !imp->gone) {
         end_peer(imp, pick(s, 2) == 0);
         what = "importer ends";

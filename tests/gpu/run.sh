@@ -3,7 +3,7 @@
 #
 # Needs an NVIDIA GPU; without one it says so and exits 77 (skipped).  Builds
 # tests/gpu/ipc_pair.cu with nvcc (cudart static and shared), ctx_teardown.cu,
-# ctx_ids.c and the VMM programs (vmm_errors.cu, vmm_rebuild.c, vmm_ghost.c) into build/gpu/, runs every program
+# ctx_ids.c, ghost_teardown.cu and the VMM programs (vmm_errors.cu, vmm_rebuild.c, vmm_ghost.c) into build/gpu/, runs every program
 # once without and once with the shim, and compares.  PyTorch runs twice:
 # legacy IPC, and expandable segments (the VMM path).
 #
@@ -19,6 +19,7 @@
 #   VMM_ITERS, VMM_CHUNKS, VMM_CHUNK_MB  vmm_rebuild's rebuilds, chunks, MiB (50, 26, 20)
 #   GPU_TEST_TIMEOUT  seconds allowed per program run (default 180)
 #   GHOST_SIZE     bytes the exporter frees in the ghost-memory check (default 8 GiB)
+#   GHOST_TEARDOWN_SIZE  bytes the exporter's context teardown frees (default 1 GiB)
 #   VMM_GHOST_CHUNKS, VMM_GHOST_CHUNK_MB  the VMM ghost-memory check's chunks, MiB (8, 256)
 set -u
 
@@ -93,7 +94,7 @@ build() {
         ok=1
     fi
     local prog src
-    for src in ctx_teardown.cu ctx_ids.c vmm_errors.cu vmm_rebuild.c vmm_ghost.c; do
+    for src in ctx_teardown.cu ctx_ids.c ghost_teardown.cu vmm_errors.cu vmm_rebuild.c vmm_ghost.c; do
         prog=${src%.*}
         # shellcheck disable=SC2086  # $arch is several words on purpose
         if "$NVCC" -O2 $arch -o "$BUILD_DIR/$prog" "$HERE/$src" \
@@ -406,6 +407,29 @@ within() {
     [ $(($1 > $2 ? $1 - $2 : $2 - $1)) -le "$3" ]
 }
 
+# The exporter's context teardown (ghost_teardown.cu), each way: with the
+# importer keeping an idle cached mapping of the 1 GiB it exported, the
+# teardown gives GPU 0's memory back as without the shim, within 64 MiB; and
+# the importer let go on request, not at its exit.
+ghost_teardown_suite() {
+    local way tag off on sdir a b ip
+    for way in reset release destroy; do
+        tag=ghost_teardown_$way
+        off=$OUT_DIR/${tag}_off.txt on=$OUT_DIR/${tag}_on.txt sdir=$OUT_DIR/${tag}_stats
+        run_plain "$off" "$BUILD_DIR/ghost_teardown" --way "$way" --size "${GHOST_TEARDOWN_SIZE:-1073741824}"
+        run_shim "$on" "$sdir" "$BUILD_DIR/ghost_teardown" --way "$way" \
+            --size "${GHOST_TEARDOWN_SIZE:-1073741824}"
+        check "${tag}_no_shim_freed" test "$(value ok "$off")" = 1
+        check "${tag}_shim_freed" test "$(value ok "$on")" = 1
+        a=$(value given_back "$off") b=$(value given_back "$on")
+        echo "    bytes the teardown gave back: without shim ${a:-?}, with shim ${b:-?}"
+        check "${tag}_shim_gives_back_as_without" within "$a" "$b" $((64 << 20))
+        ip=$(value importer_pid "$on")
+        check "${tag}_shim_importer_let_go_on_request" python3 "$HERE/stats_check.py" \
+            "$(stats_of "$sdir" "${ip:-none}")" "releases_on_request==1" "ghost_bytes==0" "errors==0"
+    done
+}
+
 # The same on the VMM path (vmm_ghost.c): the exporter's cuMemRelease of
 # chunks it exported, which the importer rebuilt and dropped (with the shim:
 # cached, idle, the importer still alive), gives GPU 0's memory back as
@@ -465,6 +489,7 @@ main() {
         echo "SKIP cross-device vmm_rebuild (one GPU)"
     fi
     ghost_suite
+    ghost_teardown_suite
     vmm_ghost_suite
     if torch_ready; then
         torch_suite

@@ -28,6 +28,16 @@
  *                    none held): "ok N"
  *   release_helper   lets the held helper thread start: "ok 0"
  *
+ * Context teardown (the exporter's allocations in that context go with it):
+ *   ctx_create       cuCtxCreate on device 0, made current: "ok RC"
+ *   ctx_destroy      cuCtxDestroy of the newest one ctx_create made: "ok RC"
+ *   ctx_destroy_direct  the same past every interposer (the stand-in's own
+ *                    call, as a library bound to the driver makes it): "ok RC"
+ *   primary_retain   one more reference to device 0's primary context, made
+ *                    current (setup took the first): "ok RC"
+ *   primary_release  cuDevicePrimaryCtxRelease of device 0: "ok RC"
+ *   primary_reset    cuDevicePrimaryCtxReset of device 0: "ok RC"
+ *
  * The VMM path (PyTorch's expandable segments), in the same words:
  *   vmm_alloc BYTES  cuMemCreate and export to an fd it keeps: "ok IDX PID FD"
  *   vmm_release IDX  close the exported fd, then cuMemRelease: "ok RC"
@@ -382,6 +392,33 @@ static void cmd_deny_cross_kcmp(void)
     reply("ok %lld", 0);
 }
 
+/* ---- context teardown -------------------------------------------------------- */
+
+static CUcontext made[16];
+static int nmade;
+
+static void cmd_ctx_create(void)
+{
+    CUdevice dev;
+    CUresult rc = nmade < 16 ? cuDeviceGet(&dev, 0) : CUDA_ERROR_OUT_OF_MEMORY;
+    if (rc == CUDA_SUCCESS)
+        rc = cuCtxCreate_v2(&made[nmade], 0, dev);
+    nmade += rc == CUDA_SUCCESS;
+    reply("ok %lld", rc);
+}
+
+static void cmd_ctx_destroy(CUresult (*destroy)(CUcontext))
+{
+    reply("ok %lld", nmade ? destroy(made[--nmade]) : CUDA_ERROR_INVALID_CONTEXT);
+}
+
+static void cmd_primary_retain(void)
+{
+    CUcontext ctx;
+    CUresult rc = cuDevicePrimaryCtxRetain(&ctx, 0);
+    reply("ok %lld", rc == CUDA_SUCCESS ? cuCtxSetCurrent(ctx) : rc);
+}
+
 /* helper_hold_lib.c's functions, when it is preloaded. */
 static void cmd_hold(const char *name)
 {
@@ -459,6 +496,18 @@ static void dispatch(char *cmd, char *arg)
         cmd_hold("helper_hold_waits");
     else if (strcmp(cmd, "release_helper") == 0)
         cmd_hold("helper_hold_release");
+    else if (strcmp(cmd, "ctx_create") == 0)
+        cmd_ctx_create();
+    else if (strcmp(cmd, "ctx_destroy") == 0)
+        cmd_ctx_destroy(cuCtxDestroy);
+    else if (strcmp(cmd, "ctx_destroy_direct") == 0)
+        cmd_ctx_destroy(fakecuda_ctx_destroy_direct);
+    else if (strcmp(cmd, "primary_retain") == 0)
+        cmd_primary_retain();
+    else if (strcmp(cmd, "primary_release") == 0)
+        reply("ok %lld", cuDevicePrimaryCtxRelease(0));
+    else if (strcmp(cmd, "primary_reset") == 0)
+        reply("ok %lld", cuDevicePrimaryCtxReset(0));
     else if (strcmp(cmd, "exit") == 0)
         exit(0);
     else

@@ -1204,6 +1204,168 @@ ParameterizedTest(int *kind, ghost, helper_and_release_only_for_exporters_with_t
     finish(&bare);
 }
 
+/* ---- the exporter's context teardown ---------------------------------------- */
+
+/* The three ways an exporter's context dies with its allocations, by index
+ * (as the kinds above). */
+enum { PRIMARY_RESET, PRIMARY_RELEASE, CTX_DESTROY };
+static const char *const teardown_cmd[] = {
+    [PRIMARY_RESET] = "primary_reset",
+    [PRIMARY_RELEASE] = "primary_release",
+    [CTX_DESTROY] = "ctx_destroy",
+};
+
+static struct criterion_test_params each_teardown(void)
+{
+    static int ways[] = { PRIMARY_RESET, PRIMARY_RELEASE, CTX_DESTROY };
+    return cr_make_param_array(int, ways, 3);
+}
+#define EACH_TEARDOWN(name) \
+    ParameterizedTestParameters(ghost, name) { return each_teardown(); }
+
+/* Makes current the context that way tears down: ghost_peer's setup made
+ * the primary one current; cuCtxDestroy needs one of the exporter's own. */
+static void enter_dying_context(struct peer *p, int way)
+{
+    if (way == CTX_DESTROY)
+        cr_assert_eq(ok(p, ask(p, "ctx_create")), CUDA_SUCCESS);
+}
+
+static void tear_down(struct peer *p, int way)
+{
+    cr_assert_eq(ok(p, ask(p, "%s", teardown_cmd[way])), CUDA_SUCCESS);
+}
+
+EACH_TEARDOWN(teardown_without_the_library_frees_the_contexts_memory)
+
+ParameterizedTest(int *way, ghost, teardown_without_the_library_frees_the_contexts_memory,
+                  .timeout = 40)
+{
+    /* The stand-in, as the driver: a context's teardown frees what was allocated in it, and an importer's mapping keeps those bytes until it closes. */
+    struct peer exp, imp;
+    start(&exp, "exporter", ENV("LD_PRELOAD="));
+    start(&imp, "importer", ENV("LD_PRELOAD="));
+    enter_dying_context(&exp, *way);
+    struct exported kept = export(&exp, 8 * MIB), e = export(&exp, 64 * MIB);
+    int idx = import(&imp, &kept, 0);
+    import(&imp, &e, 1);
+    tear_down(&exp, *way);
+    cr_assert(eq(u64, phys(), 8 * MIB), "the teardown did not free the context's allocations");
+    cr_assert_eq(ok(&imp, ask(&imp, "close %d", idx)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&imp);
+    finish(&exp);
+}
+
+EACH_TEARDOWN(teardown_lets_go_as_a_free_does)
+
+ParameterizedTest(int *way, ghost, teardown_lets_go_as_a_free_does, .timeout = 40)
+{
+    /* The exporter's context teardown frees its exported allocations as a free of each would: the importer's idle cached mappings are closed before the call returns, so the bytes come back. */
+    struct peer exp, imp;
+    start_counted_pair(&exp, &imp);
+    enter_dying_context(&exp, *way);
+    struct exported a = export(&exp, 64 * MIB), b = export(&exp, 16 * MIB);
+    import(&imp, &a, 1);
+    import(&imp, &b, 1);
+    cr_assert(eq(u64, phys(), 80 * MIB));
+    tear_down(&exp, *way);
+    cr_assert(eq(u64, phys(), 0), "the importer's idle mappings still pin the torn-down memory");
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
+    importer_stat_is("releases_on_request", 2);
+}
+
+EACH_TEARDOWN(teardown_leaves_other_contexts_exports)
+
+ParameterizedTest(int *way, ghost, teardown_leaves_other_contexts_exports, .timeout = 40)
+{
+    /* Exports made in another of the exporter's contexts stay cached in the importer through the teardown; their own free lets go of them later. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported first = export(&exp, 16 * MIB);
+    cr_assert_eq(ok(&exp, ask(&exp, "ctx_create")), CUDA_SUCCESS);
+    struct exported second = export(&exp, 32 * MIB);
+    /* cuCtxDestroy ends the new context; a primary teardown, the first. */
+    const struct exported *kept = *way == CTX_DESTROY ? &first : &second;
+    const struct exported *dies = *way == CTX_DESTROY ? &second : &first;
+    int kept_idx = import(&imp, kept, 1);
+    import(&imp, dies, 1);
+    tear_down(&exp, *way);
+    cr_assert(eq(u64, phys(), kept == &first ? 16 * MIB : 32 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", kept_idx)), 1, "a live context's export was let go");
+    free_exported(&exp, kept);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, teardown_lets_go_of_more_exports_than_one_look_takes, .timeout = 60)
+{
+    /* A reset lets go of every export of its context, past the 64 the library takes off its table at a time. */
+    enum { N = 70 };
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    for (int i = 0; i < N; i++) {
+        struct exported e = export(&exp, MIB);
+        import(&imp, &e, 1);
+    }
+    cr_assert(eq(u64, phys(), N * MIB));
+    tear_down(&exp, PRIMARY_RESET);
+    cr_assert(eq(u64, phys(), 0), "some idle mappings still pin the torn-down memory");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, teardown_past_the_library_is_caught_up_by_the_next_primary_one, .timeout = 40)
+{
+    /* A context destroyed past the library, its address taken by a new one: the next primary reset through the library finds its id gone and lets go of its exports. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    cr_assert_eq(ok(&exp, ask(&exp, "ctx_create")), CUDA_SUCCESS);
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    cr_assert_eq(ok(&exp, ask(&exp, "ctx_destroy_direct")), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 16 * MIB), "unseen, the teardown cannot have let go");
+    cr_assert_eq(ok(&exp, ask(&exp, "ctx_create")), CUDA_SUCCESS); /* at the dead one's address */
+    tear_down(&exp, PRIMARY_RESET);
+    cr_assert(eq(u64, phys(), 0), "the dead context's export was taken for the new one's");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, primary_release_that_is_not_the_last_lets_nothing_go, .timeout = 40)
+{
+    /* A release of the primary context that leaves it alive frees nothing: the importer keeps its idle mapping until the last release. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    cr_assert_eq(ok(&exp, ask(&exp, "primary_retain")), CUDA_SUCCESS);
+    struct exported e = export(&exp, 16 * MIB);
+    int idx = import(&imp, &e, 1);
+    tear_down(&exp, PRIMARY_RELEASE);
+    cr_assert(eq(u64, phys(), 16 * MIB));
+    cr_assert_eq(ok(&imp, ask(&imp, "refs %d", idx)), 1, "a release that was not the last let go");
+    tear_down(&exp, PRIMARY_RELEASE);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, vmm_export_outlives_the_exporters_reset, .timeout = 40)
+{
+    /* A cuMemCreate allocation belongs to no context (the driver's documentation of cuCtxDestroy): the exporter's reset leaves it and the importer's idle import; the exporter's cuMemRelease lets go as before. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct vmm_exported e = vmm_export(&exp, 32 * MIB);
+    vmm_import(&imp, &e, 1);
+    tear_down(&exp, PRIMARY_RESET);
+    cr_assert(eq(u64, phys(), 32 * MIB));
+    vmm_release(&exp, &e);
+    cr_assert(eq(u64, phys(), 0));
+    finish(&imp);
+    finish(&exp);
+}
+
 /* ---- the VMM path alone ---------------------------------------------------- */
 
 Test(ghost, vmm_release_during_the_importers_teardown_leaves_its_free_working, .timeout = 40)

@@ -2,7 +2,8 @@
  * fake_cuda.c - a stand-in libcuda.so.1 for ipccache's GPU-less tests.
  *
  * Mimics the driver's context and IPC semantics (per-context refcounted
- * mappings, reused context addresses, teardown on context destruction,
+ * mappings, reused context addresses, teardown on context destruction that
+ * unmaps the context's mappings and frees its cuMemAlloc allocations,
  * versioned cuGetProcAddress) and counts real maps and unmaps, so a test can
  * tell a cache hit from driver work.  No device memory: addresses are made up.
  */
@@ -68,7 +69,9 @@ struct fctx {
     unsigned long long id; /* fresh per creation: tells reused slots apart */
 };
 struct fprimary { int active, refs, slot; unsigned int flags; };
-struct falloc { int used; size_t size; uint64_t serial; };
+/* An allocation belongs to the context current at its cuMemAlloc (ctx: its
+ * slot, ctx_id: its id), whose teardown frees it. */
+struct falloc { int used, ctx; size_t size; uint64_t serial; unsigned long long ctx_id; };
 struct fmap {
     int ctx;              /* pool slot of the owning context */
     uint64_t pid, serial; /* the exported allocation */
@@ -218,15 +221,25 @@ static void remove_map(size_t i)
     g_cnt.live_mappings--;
 }
 
+static void alloc_release(int i)
+{
+    g_alloc[i].used = 0;
+    phys_note_free(g_alloc[i].serial);
+}
+
 static void ctx_destroy(int s)
 {
-    /* The driver unmaps everything the context had open. */
+    /* The driver unmaps everything the context had open, and frees what it
+     * allocated (cuMemAlloc; not cuMemCreate's, which belong to no context). */
     for (size_t i = g_nmaps; i-- > 0;) {
         if (g_maps[i].ctx == s) {
             remove_map(i);
             g_cnt.teardown_unmaps++;
         }
     }
+    for (int i = 0; i < MAX_ALLOCS; i++)
+        if (g_alloc[i].used && g_alloc[i].ctx == s && g_alloc[i].ctx_id == g_ctx[s].id)
+            alloc_release(i);
     if (g_ctx[s].primary) {
         g_primary[g_ctx[s].dev].active = 0;
         g_primary[g_ctx[s].dev].refs = 0;
@@ -564,11 +577,12 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
     CHECK_DEINIT();
     if (!dptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     lock();
-    if (current_slot() < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
+    int s = current_slot();
+    if (s < 0) return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
     for (int i = 0; i < MAX_ALLOCS && bytes <= ALLOC_STRIDE; i++) {
         if (!g_alloc[i].used) {
             /* A fresh serial even when the address is reused. */
-            g_alloc[i] = (struct falloc){1, bytes, g_next_serial++};
+            g_alloc[i] = (struct falloc){1, s, bytes, g_next_serial++, g_ctx[s].id};
             *dptr = alloc_addr(i);
             phys_note_alloc(g_alloc[i].serial, bytes);
             return unlock_ret(CUDA_SUCCESS);
@@ -582,8 +596,7 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     CHECK_DEINIT();
     lock();
     int i = alloc_find(dptr, 1);
-    if (i >= 0) g_alloc[i].used = 0;
-    if (i >= 0) phys_note_free(g_alloc[i].serial);
+    if (i >= 0) alloc_release(i);
     unlock();
     return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

@@ -84,8 +84,9 @@ void fakecuda_on_next_push(void (*fn)(void *arg), void *arg);
 const char *fakecuda_handle_magic(void);
 
 /* Bytes still "physically" allocated by every process sharing the book
- * FAKECUDA_PHYS_DIR/phys: an allocation counts until its owner freed it (or
- * exited) and no live process maps it. 0 when the variable is unset. */
+ * FAKECUDA_PHYS_DIR/phys: an allocation counts until its owner freed it
+ * (cuMemFree, the teardown of the context it was allocated in, or exit) and
+ * no live process maps it. 0 when the variable is unset. */
 uint64_t fakecuda_phys_bytes(void);
 
 /* Of those, the bytes process pid maps or holds imported (0 when unset). */
