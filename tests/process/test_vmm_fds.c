@@ -360,3 +360,47 @@ Test(vmm_fds, a_lowered_limit_sheds_idle_fds, .timeout = 10)
 {
     cr_assert_str_empty(in_child(lowered_limit));
 }
+
+/* The bound is exact: at a soft limit of 64, 12 imports held live keep 8
+ * dups, not one more. */
+static void bound_is_exact(void)
+{
+    CU(cuInit(0));
+    set_soft_limit(64);
+    int at_start = open_fds();
+    hold_live(&share, 64 / SHARE + 4, KEEP_NONE);
+    CHECK(open_fds() - at_start == 64 / SHARE, "%d fds kept, not %d", open_fds() - at_start,
+          64 / SHARE);
+    drop_share(&share);
+}
+
+Test(vmm_fds, kept_no_more_than_the_bound, .timeout = 10)
+{
+    cr_assert_str_empty(in_child(bound_is_exact));
+}
+
+/* The kept dups are close-on-exec: a program's exec'd child inherits none
+ * (it would keep the exporter's allocations referenced). Every fd past the
+ * report pipe is the library's or the stand-in's. */
+static void kept_close_on_exec(void)
+{
+    CU(cuInit(0));
+    import_idle(4);
+    DIR *d = opendir("/proc/self/fd");
+    CHECK(d != NULL, "opendir: %s", strerror(errno));
+    int kept = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] == '.' || fd <= REPORT || fd == dirfd(d))
+            continue;
+        kept++;
+        CHECK(fcntl(fd, F_GETFD) & FD_CLOEXEC, "fd %d is inherited across exec", fd);
+    }
+    closedir(d);
+    CHECK(kept >= 4, "%d fds kept for 4 idle imports", kept);
+}
+
+Test(vmm_fds, kept_dups_are_close_on_exec, .timeout = 10)
+{
+    cr_assert_str_empty(in_child(kept_close_on_exec));
+}
