@@ -48,7 +48,7 @@ SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
            shim/budget/idle_budget.c shim/budget/budget_tables.c \
            shim/life/lifecycle.c shim/stats/stats.c shim/stats/marker.c \
            $(BASE_SRC) shim/base/lock.c shim/base/userdir.c shim/base/keyset.c shim/base/proc.c shim/base/driver.c \
-           shim/base/mem.c
+           shim/base/mem.c shim/base/fdmark.c
 # The pure tables (unit-tested without CUDA).
 LEGACY_TABLE = shim/tables/legacy_table.c shim/tables/legacy_loans.c
 VMM_TABLE    = shim/tables/vmm_table.c shim/tables/vmm_ranges.c shim/tables/vmm_predict.c

@@ -1,7 +1,7 @@
 /*
  * base.h - the basics every layer uses, the folder's interface: settings,
  * messages, the table lock, text without stdio, the per-user folder, a small
- * key set, processes, and the real driver, each module's header below; and
+ * key set, processes, the marks on the library's own fds, and the real driver, each module's header below; and
  * the few basics they all share. Nothing here calls up: the hook table's rows
  * are the entry layer's, registered with driver.c at load (entry/wiring.c).
  * No CUDA header: the pure tables include this.
@@ -15,6 +15,7 @@
 #include "common.h"
 #include "config.h"
 #include "driver.h"
+#include "fdmark.h"
 #include "fmt.h"
 #include "keyset.h"
 #include "lock.h"

@@ -45,6 +45,15 @@ void ipcc_unlock(void)
     pthread_mutex_unlock(&table_lock);
 }
 
+/* Whether this thread holds the lock: a fork from a signal handler that
+ * interrupted it inside (lifecycle.c). Marked just after the mutex is
+ * taken and unmarked just before it is let go: a signal in those two
+ * instructions finds it unmarked (and its fork waits, as it did always). */
+int ipcc_lock_held_here(void)
+{
+    return held_here;
+}
+
 /* Takes the lock without waiting on it: 0 if this thread may hold it
  * already, or another thread kept it through every try. For exit, which
  * must never block. */

@@ -9,6 +9,7 @@
 IPCC_HIDDEN void ipcc_lock(void);
 IPCC_HIDDEN void ipcc_unlock(void);
 IPCC_HIDDEN int ipcc_lock_try(void);
+IPCC_HIDDEN int ipcc_lock_held_here(void);
 IPCC_HIDDEN void ipcc_lock_reset(void);
 /* Around a C library call whose lock a fork would copy held (lock.c). */
 IPCC_HIDDEN void ipcc_fork_guard_enter(sigset_t *saved);

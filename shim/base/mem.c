@@ -11,10 +11,14 @@
  * regions and kept on a free list per size once freed (the tables' bounds
  * bound them); larger ones are a mapping each. Its lock is the innermost:
  * held for a list operation or an mmap, never across anything else, and the
- * fork handlers take it last (lifecycle.c).
+ * fork handlers take it last (lifecycle.c). Signals wait while it is held:
+ * a handler that forks must never find its own thread inside (the table
+ * lock it may be inside is told apart, lock.c; this one need not be), and
+ * it is taken seldom (a table's growth), never on a hit.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -59,6 +63,20 @@ static int class_of(size_t n)
     return c;
 }
 
+static void mem_lock_take(sigset_t *saved)
+{
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, saved);
+    pthread_mutex_lock(&mem_lock);
+}
+
+static void mem_lock_give(const sigset_t *saved)
+{
+    pthread_mutex_unlock(&mem_lock);
+    pthread_sigmask(SIG_SETMASK, saved, NULL);
+}
+
 /* Under mem_lock. A block of class c, from its list or a region. */
 static struct head *take(int c)
 {
@@ -89,9 +107,10 @@ void *ipcc_mem_alloc(size_t n)
             return NULL;
         h->bytes = n;
     } else {
-        pthread_mutex_lock(&mem_lock);
+        sigset_t saved;
+        mem_lock_take(&saved);
         h = take(class_of(n));
-        pthread_mutex_unlock(&mem_lock);
+        mem_lock_give(&saved);
         if (!h)
             return NULL;
     }
@@ -121,10 +140,11 @@ void ipcc_mem_free(void *p)
     }
     POISON(p, h->bytes);
     int c = class_of(h->bytes);
-    pthread_mutex_lock(&mem_lock);
+    sigset_t saved;
+    mem_lock_take(&saved);
     h->next = free_list[c];
     free_list[c] = h;
-    pthread_mutex_unlock(&mem_lock);
+    mem_lock_give(&saved);
 }
 
 /* As realloc: the same block while n fits in it. */

@@ -65,7 +65,7 @@ struct ipcc_vmm_table *ipcc_budget_vmm(void)
 
 static void close_fd(int fd)
 {
-    close(fd);
+    ipcc_fd_close_ours(fd); /* one the program took over stays its own */
 }
 
 /* Fork child, lock held: the mappings belong to the parent's driver state.

@@ -35,7 +35,8 @@ void ipcc_life_register(const struct ipcc_life_hooks *h)
 /*
  * Where another thread may be when a thread forks, and why the child lives:
  *  - in the table lock or the fork guard (lock.c): the prepare handler below
- *    takes both, so the fork waits; the child resets them. The guard covers
+ *    takes both, so the fork waits; the child resets them. A fork from a
+ *    handler on a thread inside the table lock: before_fork. The guard covers
  *    the two calls whose glibc lock fork neither takes nor resets: atexit()
  *    (exit handlers) and dl_iterate_phdr() (the loader's object list).
  *  - in dlopen/dladdr/dlsym/dlclose (entry/resolve.c, base/driver.c): the loader's lock, which
@@ -72,9 +73,26 @@ void ipcc_life_register(const struct ipcc_life_hooks *h)
  * nobody else takes and clear empty tables: nothing a program can notice.
  * The tables' memory (mem.c) is taken last: its holders hold nothing else.
  */
+/*
+ * A fork from a signal handler that interrupted its own thread inside the
+ * table lock (the lock is not recursive) takes it not again, which would
+ * wait forever: it goes on as without the library. The tables are then
+ * half-updated, and the interrupted call carries on in both processes once
+ * the handler returns, still holding the lock: the parent's is as it was;
+ * the child keeps the lock for that call to let go, resets nothing (a reset
+ * would walk the half-updated tables) and is the library off from then on:
+ * every call passes through, its exit releases nothing. Its kept VMM dups
+ * stay open until it execs (close-on-exec) or exits. The fork guard and the
+ * tables' memory are never held by a thread a signal interrupts (both hold
+ * signals off).
+ */
+static __thread int fork_inside __attribute__((tls_model("initial-exec")));
+
 static void before_fork(void)
 {
-    ipcc_lock();
+    fork_inside = ipcc_lock_held_here();
+    if (!fork_inside)
+        ipcc_lock();
     ipcc_fork_guard_hold();
     ipcc_mem_hold();
 }
@@ -83,7 +101,8 @@ static void after_fork_parent(void)
 {
     ipcc_mem_release();
     ipcc_fork_guard_release();
-    ipcc_unlock();
+    if (!fork_inside)
+        ipcc_unlock();
 }
 
 /*
@@ -112,6 +131,10 @@ static void after_fork_child(void)
 {
     ipcc_mem_reset();
     ipcc_fork_guard_reset();
+    if (fork_inside) {
+        ipcc_config.disabled = 1; /* as without the library: see before_fork */
+        return;
+    }
     ipcc_lock_reset();
     for (size_t i = 0; layers && i < layers->fork_children; i++)
         layers->fork_child[i]();
@@ -143,7 +166,7 @@ static void watch_forks_late(void)
 static void at_exit(void)
 {
     static int ran; /* registered twice after a fork during start() */
-    if (ran++)
+    if (ran++ || ipcc_config.disabled) /* a child forked inside the lock */
         return;
     if (ipcc_config.stats_at_exit)
         ipcc_stats_write_line();

@@ -33,7 +33,7 @@
  * to one more thread needs none), and every budget check counts lent entries
  * as idle (ipcc_legacy_loan_totals).
  */
-#include "legacy_table_impl.h"
+#include "legacy_loans_impl.h"
 #include <utlist.h>
 
 struct lent_slot lent_slots[LENT_SLOTS];

@@ -43,7 +43,7 @@ static uint32_t hash_words(const void *key, size_t len)
 }
 #define HASH_FUNCTION(keyptr, keylen, hashv) ((hashv) = hash_words((keyptr), (keylen)))
 
-#include "legacy_table_impl.h"
+#include "legacy_loans_impl.h"
 #include <utlist.h>
 
 /* The identity part of a key: everything before its cached hash. */

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmm_table_impl.h"
+#include "vmm_table.h"
 
 #define MIN_SLOTS 256
 #define MAX_SLOTS 65536 /* past half of this a new context overwrites its home slot */

@@ -148,7 +148,7 @@ int ipcc_vmm_import_call(uint64_t *handle, void *os, int type_int)
         return IPCC_CUDA_NO_DRIVER;
     ipcc_lifecycle_start();
     if (!ipcc_config.disabled && ipcc_config.vmm) /* IPCCACHE_VMM=0: no table, no caching */
-        ipcc_budget_vmm_start(ipcc_vmm_kcmp, ipcc_vmm_same_file);
+        ipcc_budget_vmm_start(ipcc_vmm_kept_order, ipcc_vmm_kept_same);
     struct ipcc_vmm_table *t = active();
     struct ipcc_vmm_id id;
     if (!t || !h || ipcc_vmm_id_of(&id, os, type) < 0 || !ipcc_vmm_identity_works(&id))

@@ -143,7 +143,7 @@ static void run_op(const struct ipcc_vmm_victim *v, int evicted)
         rc = f ? f(v->handle) : IPCC_CUDA_NO_DRIVER;
         release_done(v->handle);
         if (v->fd >= 0)
-            close(v->fd);
+            ipcc_fd_close_ours(v->fd); /* a number the program took since stays its own */
         if (rc == CUDA_SUCCESS && evicted)
             IPCC_COUNT(evictions);
     }

@@ -16,6 +16,10 @@
  *     numbers programs use (select() takes fds below 1024) and from the
  *     lowest free one the kernel hands out next, so a stray close of a
  *     number the program does not own seldom frees one of ours.
+ *   - whose: each is marked (base/fdmark.c) and closed, or compared on a
+ *     hit (vmm_identity.c), only while its number still names what was
+ *     kept: a program that closed it and opened a file of its own there
+ *     keeps that file. One that cannot be marked is not kept.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -74,13 +78,36 @@ static int claim(struct ipcc_vmm_table *t, rlim_t soft)
     return 0;
 }
 
+static int floor_of(rlim_t soft)
+{
+    return soft >= 2 * FLOOR_MAX ? FLOOR_MAX : (int)(soft / 2);
+}
+
 /* A dup kept high, close-on-exec; anywhere when nothing is free up there
  * (a limit lowered since). */
-static int high_dup(int fd, rlim_t soft)
+static int high_dup(int fd, int floor)
 {
-    long floor = soft >= 2 * FLOOR_MAX ? FLOOR_MAX : (long)(soft / 2);
     int d = fcntl(fd, F_DUPFD_CLOEXEC, floor);
     return d >= 0 || floor == 0 ? d : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
+static void say_unmarked(void)
+{
+    static _Atomic int said;
+    if (!atomic_exchange(&said, 1))
+        ipcc_log(IPCC_LOG_INFO, "a VMM export's fd cannot be polled, so a dup of it could not be "
+                                "told from a file of the program's later: not cached");
+}
+
+/* A dup of fd, kept high and marked as ours; -1 when there is none. */
+static int marked_dup(int fd, rlim_t soft)
+{
+    int d = high_dup(fd, floor_of(soft));
+    if (d < 0 || ipcc_fd_mark(d, floor_of(soft)))
+        return d;
+    close(d); /* just made: ours */
+    say_unmarked();
+    return -1;
 }
 
 /* The dup an import about to be recorded keeps of fd, within the bound;
@@ -91,7 +118,7 @@ int ipcc_vmm_fd_keep(struct ipcc_vmm_table *t, int fd)
     int saved_errno = errno;
     rlim_t soft = soft_limit();
     int d = -1;
-    if (claim(t, soft) && (d = high_dup(fd, soft)) < 0) { /* out of fds: the place goes back */
+    if (claim(t, soft) && (d = marked_dup(fd, soft)) < 0) { /* the place goes back */
         ipcc_lock();
         ipcc_vmm_fd_unclaim(t);
         ipcc_unlock();
@@ -104,7 +131,7 @@ int ipcc_vmm_fd_keep(struct ipcc_vmm_table *t, int fd)
 void ipcc_vmm_fd_give_back(struct ipcc_vmm_table *t, int fd)
 {
     int saved_errno = errno;
-    close(fd);
+    ipcc_fd_close_ours(fd);
     ipcc_lock();
     ipcc_vmm_fd_unclaim(t);
     ipcc_unlock();

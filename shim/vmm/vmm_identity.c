@@ -23,7 +23,8 @@
 
 static _Atomic int kcmp_refused;
 
-/* Our pid, asked once: an import hit is one kcmp, not a getpid as well.
+/* Our pid, asked once: an import hit is one kcmp (and the kept dup's mark,
+ * base/fdmark.c), not a getpid as well.
  * A fork child asks again (lifecycle.c calls ipcc_vmm_identity_fork_child). */
 static _Atomic pid_t self_pid;
 
@@ -87,6 +88,22 @@ int ipcc_vmm_same_file(int a, int b)
     if (why != EBADF)
         atomic_store_explicit(&query_missing, 1, memory_order_relaxed);
     return -1;
+}
+
+/* The table's comparators, of an asked fd and a kept dup: "the same" only
+ * while the dup's number still names what was kept (base/fdmark.c), else
+ * the import is passed through, uncached: a program that closed our dup and
+ * has a file of its own at that number gets the driver's answer for it. */
+int ipcc_vmm_kept_order(int asked, int kept)
+{
+    int r = ipcc_vmm_kcmp(asked, kept);
+    return r == 0 && !ipcc_fd_ours(kept) ? IPCC_VMM_CMP_FAILED : r;
+}
+
+int ipcc_vmm_kept_same(int asked, int kept)
+{
+    int r = ipcc_vmm_same_file(asked, kept);
+    return r == 1 && !ipcc_fd_ours(kept) ? 0 : r;
 }
 
 /* Whether kcmp answers here, asked once on the app's own fd (a bad fd says

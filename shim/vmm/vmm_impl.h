@@ -12,6 +12,8 @@
 
 IPCC_HIDDEN int ipcc_vmm_kcmp(int fd_a, int fd_b);  /* an ipcc_vmm_cmp_fn */
 IPCC_HIDDEN int ipcc_vmm_same_file(int fd_a, int fd_b); /* an ipcc_vmm_same_fn */
+IPCC_HIDDEN int ipcc_vmm_kept_order(int asked, int kept); /* the table's: kcmp, ours checked */
+IPCC_HIDDEN int ipcc_vmm_kept_same(int asked, int kept);  /* the same, F_DUPFD_QUERY */
 IPCC_HIDDEN int ipcc_vmm_id_of(struct ipcc_vmm_id *id, void *os_handle, int type);
 IPCC_HIDDEN int ipcc_vmm_identity_works(const struct ipcc_vmm_id *id);
 IPCC_HIDDEN int32_t ipcc_vmm_self_pid(void);         /* getpid, asked once per process */

@@ -1302,7 +1302,9 @@ static int scenario_fork_at_start(int argc, char **argv)
  * handler must see it. "exit_in_atexit" and "fork_in_phdr" (run with
  * IPCC_TEST_WINDOW_RAISE=SIGUSR2's number): the signal comes in the window,
  * on the thread in it, and the program's handler calls exit(42), or forks
- * a child that exits 0; neither may hang.
+ * a child that exits 0; neither may hang. "fork_in_lock" (window "lock",
+ * raising SIGUSR2): the handler forks while its thread holds ipccache's
+ * table lock.
  */
 static struct {
     CUcontext ctx;
@@ -1442,6 +1444,27 @@ static int window_fork_in_phdr(void)
     return handler_child_status != 0;
 }
 
+/* A close takes the table lock: the signal comes while this thread holds
+ * it (the window "lock": its first precise clock reading, which is under
+ * the lock); the handler forks and waits for its child. Then the parent's
+ * cache still answers: the handle opened again is a hit. */
+static int window_fork_in_lock(void)
+{
+    CUdeviceptr p = 0, other = 0, again = 0;
+    CHECK(drv.ipc_open(&p, window.h, LAZY));
+    CHECK(drv.ipc_open(&other, foreign_handle(2), LAZY)); /* lent instead: p's close locks */
+    on_sigusr2(fork_in_handler);
+    ((void (*)(void))window_hook("window_arm"))();
+    CHECK(drv.ipc_close(p));
+    put("window_opened", ((int (*)(void))window_hook("window_wait_open"))());
+    put("handler_child_exit", handler_child_status);
+    CHECK(drv.ipc_open(&again, window.h, LAZY));
+    CHECK(drv.ipc_close(again));
+    CHECK(drv.ipc_close(other));
+    put("same_mapping", again == p);
+    return handler_child_status != 0 || again != p;
+}
+
 /* "alloc_fork", with tests/process/alloc_lock_lib.c preloaded ahead: a
  * thread's miss allocates while it holds ipccache's table lock, and the main
  * thread forks then, with an allocator whose fork handler was registered
@@ -1501,6 +1524,8 @@ static int scenario_window(int argc, char **argv)
         return window_exit_in_atexit();
     if (strcmp(what, "fork_in_phdr") == 0)
         return window_fork_in_phdr();
+    if (strcmp(what, "fork_in_lock") == 0)
+        return window_fork_in_lock();
     if (strcmp(what, "alloc_fork") == 0 || strcmp(what, "alloc_fork_atexit") == 0)
         return window_alloc_fork(strcmp(what, "alloc_fork_atexit") == 0);
     window.phdr = strcmp(what, "phdr") == 0;

@@ -200,3 +200,21 @@ Test(evict, nothing_lent_without_room, .timeout = 10)
     cr_assert_eq(tu_driver().maps, 4);
     cr_assert_eq(tu_driver().unmaps, 4);
 }
+
+/* The same when the byte cap is the one that binds: room for 2 KiB, not
+ * for the mapping's 4 KiB, nothing lent (a hit while it is live would lend
+ * it), whatever room the entry cap leaves. */
+Test(evict, nothing_lent_without_room_for_its_bytes, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_BYTES", "2048", 1);
+    tu_context();
+    CUipcMemHandle h = tu_handle(39, 4096);
+    for (int i = 0; i < 4; i++) {
+        CUdeviceptr p = tu_open(h);
+        cr_assert_eq(tu_open(h), p, "a hit while live");
+        tu_close(p);
+        tu_close(p);
+        cr_assert_eq(tu_driver().unmaps, (unsigned)i + 1, "round %d: the last close keeps it", i);
+    }
+    cr_assert_eq(tu_driver().maps, 4);
+}

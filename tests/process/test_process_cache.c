@@ -317,6 +317,17 @@ Test(process_cache, fork_from_a_signal_while_checking_the_load_order_forks, .tim
     expect_kv(&p, "handler_child_exit", 0);
 }
 
+Test(process_cache, fork_from_a_signal_inside_the_table_lock_forks, .timeout = 30)
+{
+    /* A signal whose handler forks, arriving while its thread holds ipccache's table lock (a close): the fork does not wait for the lock (its own thread's), its child exits, and the parent's cache answers after. */
+    struct proc p;
+    run_window_raising(&p, "lock", "fork_in_lock");
+    expect_quiet_success(&p);
+    expect_kv(&p, "window_opened", 1);
+    expect_kv(&p, "handler_child_exit", 0);
+    expect_kv(&p, "same_mapping", 1);
+}
+
 /* The probe's alloc_fork scenarios, with tests/process/alloc_lock_lib.c
  * preloaded ahead; under_lock: the allocator calls made under a lock of
  * ipccache's (glibc's own in atexit() is the one that stays). */

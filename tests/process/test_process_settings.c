@@ -115,6 +115,8 @@ Test(process_settings, misspelling_hint_only_for_a_close_setting, .timeout = 20)
     expect_unknown_name_warning("IPCCACHE_ON", "");
     expect_unknown_name_warning("IPCCACHE_VM", " (did you mean IPCCACHE_VMM?)");
     expect_unknown_name_warning("IPCCACHE_STATS_FI", " (did you mean IPCCACHE_STATS_FILE?)");
+    /* Three edits of STRICT's six letters: half, not most. */
+    expect_unknown_name_warning("IPCCACHE_STRXYZ", "");
 }
 
 Test(process_settings, log_error_silences_the_warnings, .timeout = 20)

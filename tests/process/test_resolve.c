@@ -82,6 +82,8 @@ Test(resolve, resolver_versions_pick_abi, .timeout = 10)
     assert_ours(resolve("cuCtxDestroy", 4000, &st));
     assert_ours(resolve("cuDevicePrimaryCtxReset", 11000, &st));
     assert_drivers(resolve("cuCtxCreate", 12000, &st));
+    /* cudart asks for cuMemFree at 3020: the 64-bit ABI, whose wrapper sees an exporter's free. */
+    cr_assert_eq(resolve("cuMemFree", 3020, &st), dlsym(RTLD_DEFAULT, "cuMemFree_v2"));
 }
 
 /* Not-found and too-new answers come back untouched, pointer NULL. */

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "testutil.h"
@@ -28,6 +29,7 @@
 #define OPENS 50   /* the program's own opens */
 #define SHARE 8    /* the library keeps at most 1/8 of the soft limit (vmm_fds.c) */
 #define REPORT 3   /* the child's report pipe */
+#define MARKS 1    /* the library's epoll instance marking its dups (base/fdmark.c) */
 
 /* ---- the child's checks ------------------------------------------------------ */
 
@@ -342,15 +344,15 @@ static void lowered_limit(void)
     set_soft_limit(128);
     int at_start = open_fds();
     import_idle(128 / SHARE);
-    CHECK(open_fds() - at_start == 128 / SHARE, "%d fds kept, not %d", open_fds() - at_start,
-          128 / SHARE);
+    CHECK(open_fds() - at_start - MARKS == 128 / SHARE, "%d fds kept, not %d",
+          open_fds() - at_start - MARKS, 128 / SHARE);
     set_soft_limit(64);
     uint64_t released = real_releases();
     hold_live(&share, 1, KEEP_NONE);
     CHECK(real_releases() - released == 128 / SHARE - 64 / SHARE + 1,
           "%llu idle imports released", (unsigned long long)(real_releases() - released));
-    CHECK(open_fds() - at_start == 64 / SHARE, "%d fds kept, not %d", open_fds() - at_start,
-          64 / SHARE);
+    CHECK(open_fds() - at_start - MARKS == 64 / SHARE, "%d fds kept, not %d",
+          open_fds() - at_start - MARKS, 64 / SHARE);
     expect_own_opens();
     expect_values(&share);
     drop_share(&share);
@@ -359,4 +361,107 @@ static void lowered_limit(void)
 Test(vmm_fds, a_lowered_limit_sheds_idle_fds, .timeout = 10)
 {
     cr_assert_str_empty(in_child(lowered_limit));
+}
+
+/* The bound is exact: at a soft limit of 64, 12 imports held live keep 8
+ * dups, not one more. */
+static void bound_is_exact(void)
+{
+    CU(cuInit(0));
+    set_soft_limit(64);
+    int at_start = open_fds();
+    hold_live(&share, 64 / SHARE + 4, KEEP_NONE);
+    CHECK(open_fds() - at_start - MARKS == 64 / SHARE, "%d fds kept, not %d",
+          open_fds() - at_start - MARKS, 64 / SHARE);
+    drop_share(&share);
+}
+
+Test(vmm_fds, kept_no_more_than_the_bound, .timeout = 10)
+{
+    cr_assert_str_empty(in_child(bound_is_exact));
+}
+
+/* The kept dups are close-on-exec: a program's exec'd child inherits none
+ * (it would keep the exporter's allocations referenced). Every fd past the
+ * report pipe is the library's or the stand-in's. */
+static void kept_close_on_exec(void)
+{
+    CU(cuInit(0));
+    import_idle(4);
+    DIR *d = opendir("/proc/self/fd");
+    CHECK(d != NULL, "opendir: %s", strerror(errno));
+    int kept = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] == '.' || fd <= REPORT || fd == dirfd(d))
+            continue;
+        kept++;
+        CHECK(fcntl(fd, F_GETFD) & FD_CLOEXEC, "fd %d is inherited across exec", fd);
+    }
+    closedir(d);
+    CHECK(kept >= 4, "%d fds kept for 4 idle imports", kept);
+}
+
+Test(vmm_fds, kept_dups_are_close_on_exec, .timeout = 10)
+{
+    cr_assert_str_empty(in_child(kept_close_on_exec));
+}
+
+/* The number of the one kept dup (a socket, the stand-in's export): -1 if
+ * there is none. */
+static int kept_dup_number(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    CHECK(d != NULL, "opendir: %s", strerror(errno));
+    int found = -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        char path[64], link[64];
+        int fd = atoi(e->d_name);
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, link, sizeof(link) - 1);
+        if (e->d_name[0] != '.' && fd > REPORT && n > 0 && (link[n] = 0, !strncmp(link, "socket:", 7)))
+            found = fd;
+    }
+    closedir(d);
+    return found;
+}
+
+/* A program that closes the library's fds (as a daemon closing every fd
+ * does) and puts a file of its own at a kept dup's number keeps it: an
+ * import of that file is the driver's, not a hit on what the number named
+ * before, and the eviction of the import that kept the number (over a cap
+ * of one idle import) leaves the program's file open. */
+static void closed_by_the_program(void)
+{
+    CU(cuInit(0));
+    CUmemGenericAllocationHandle first_made, later_made;
+    int fd = new_export(&first_made);
+    CU(cuMemRelease(import_fd(fd))); /* idle, its dup kept */
+    close(fd);
+    int number = kept_dup_number();
+    CHECK(number > REPORT, "no kept dup");
+    for (int other = REPORT + 1; other < 4096; other++)
+        close(other);
+    int theirs = new_export(&later_made); /* the program's own, at the kept number */
+    CHECK(dup2(theirs, number) == number, "dup2: %s", strerror(errno));
+    close(theirs);
+    uint64_t before = real_imports();
+    CUmemGenericAllocationHandle got = import_received(number);
+    uint64_t pid, want, named;
+    CHECK(fakevmm_handle_allocation(later_made, &pid, &want), "no allocation");
+    CHECK(fakevmm_handle_allocation(got, &pid, &named), "no handle");
+    CHECK(named == want && real_imports() == before + 1,
+          "the import of the program's file was a hit on the number's old file");
+    CU(cuMemRelease(got));
+    import_idle(1); /* over the cap: the first import goes */
+    struct stat st;
+    CHECK(fstat(number, &st) == 0, "the program's fd %d was closed by an eviction", number);
+    CU(cuMemRelease(later_made));
+    close(number);
+}
+
+Test(vmm_fds, a_number_the_program_took_over_stays_its_own, .timeout = 10)
+{
+    setenv("IPCCACHE_MAX_IDLE_ENTRIES", "1", 1);
+    cr_assert_str_empty(in_child(closed_by_the_program));
 }

@@ -13,10 +13,14 @@
  *   sigaction  a handler of ipccache's being installed: the signal is raised
  *              after the kernel put it in place and before the old action is
  *              handed back, as another thread's signal could arrive
+ *   lock       ipccache's first reading of the precise clock (CLOCK_MONOTONIC)
+ *              once armed: a close reads it under the table lock (run with
+ *              IPCC_TEST_WINDOW_RAISE, the signal comes while that thread
+ *              holds the lock)
  *
  * Only calls made while armed (window_arm) and, for sigaction, only
  * ipccache's own, are widened. window_wait_open waits until one is.
- * IPCC_TEST_WINDOW_RAISE=SIGNO: an atexit or phdr window raises that signal
+ * IPCC_TEST_WINDOW_RAISE=SIGNO: an atexit, phdr or lock window raises that signal
  * on its own thread instead of sleeping, as a signal could arrive there.
  */
 #define _GNU_SOURCE
@@ -132,13 +136,27 @@ EXPORT int dl_iterate_phdr(int (*callback)(struct dl_phdr_info *, size_t, void *
     return real(slow_callback, &w);
 }
 
-/* ---- sigaction ---------------------------------------------------------- */
-
 static int is_ipccache(const void *fn)
 {
     Dl_info info;
     return fn && dladdr(fn, &info) && info.dli_fname && strstr(info.dli_fname, "libipccache");
 }
+
+/* ---- the table lock ------------------------------------------------------ */
+
+EXPORT int clock_gettime(clockid_t clk, struct timespec *ts)
+{
+    static int (*real)(clockid_t, struct timespec *);
+    if (!real)
+        real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+    int rc = real(clk, ts);
+    if (clk == CLOCK_MONOTONIC && mode_is("lock") && atomic_load(&armed) &&
+        is_ipccache(__builtin_return_address(0)))
+        widen();
+    return rc;
+}
+
+/* ---- sigaction ---------------------------------------------------------- */
 
 int window_raised(void)
 {

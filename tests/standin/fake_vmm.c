@@ -8,10 +8,14 @@
  * out or already took back), the model answers CUDA_ERROR_INVALID_VALUE and
  * counts a stale use, so a test can prove the cache never passes one on.
  *
- * An exported POSIX fd is a memfd holding (magic, exporter pid, allocation
- * serial, size): like the driver's, each export is a new open file
- * description, every dup of it or fd received from it names the same one,
- * and it works across processes. Fabric handles carry the same bytes.
+ * An exported POSIX fd is a socket with (magic, exporter pid, allocation
+ * serial, size) queued, read without being taken: like the driver's, each
+ * export is a new open file description, every dup of it or fd received
+ * from it names the same one, it works across processes, and it can be
+ * polled (the driver's /dev/nvidiactl can: its file operations have poll,
+ * which the library's marks of its kept dups need, base/fdmark.c). A file
+ * holding the same bytes imports too (a test's forged export). Fabric
+ * handles carry the same bytes.
  * No device memory; no context needed (the driver needs none either).
  */
 #define _GNU_SOURCE
@@ -26,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -143,16 +148,20 @@ static void blob_of(const struct vhandle *v, struct export_blob *b)
     b->size = v->size;
 }
 
-/* Every export is a new memfd: a new open file description. */
+/* Every export is a new socket: a new open file description, its blob
+ * queued from the pair's other end, closed at once. */
 static CUresult export_fd(int *out, const struct export_blob *b)
 {
-    int fd = memfd_create("fakecuda-vmm-export", MFD_CLOEXEC);
-    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (pwrite(fd, b, sizeof *b, 0) != (ssize_t)sizeof *b) {
-        close(fd);
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, pair) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ssize_t sent = send(pair[1], b, sizeof *b, 0);
+    close(pair[1]);
+    if (sent != (ssize_t)sizeof *b) {
+        close(pair[0]);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *out = fd;
+    *out = pair[0];
     return CUDA_SUCCESS;
 }
 
@@ -185,7 +194,9 @@ static CUresult read_export(void *os, CUmemAllocationHandleType type, struct exp
 {
     if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
         int fd = (int)(intptr_t)os;
-        if (pread(fd, b, sizeof *b, 0) != (ssize_t)sizeof *b) return CUDA_ERROR_UNKNOWN;
+        if (recv(fd, b, sizeof *b, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof *b &&
+            pread(fd, b, sizeof *b, 0) != (ssize_t)sizeof *b)
+            return CUDA_ERROR_UNKNOWN;
     } else {
         if (!os) return CUDA_ERROR_INVALID_VALUE;
         memcpy(b, os, sizeof *b);

@@ -20,6 +20,10 @@ peers (neither uses the other) on one line, and it also fails on:
     -fkeep-inline-functions) and its inline code's calls join the
     includes and the calls in one graph; a circle in it that holds two .c
     files fails (it is one, whichever file's object shows it);
+  - a circle of files, within a folder too, through their calls and their
+    includes of each other's private headers (X_impl.h beside X.c is X's;
+    <folder>_impl.h, an interface and a header beside no file of its name
+    are nobody's);
   - a name a folder's interface (a header not named *_impl.h) declares
     IPCC_HIDDEN that no object of another folder uses, no file under a
     --tests folder names and none of the header's macros or inline code
@@ -252,6 +256,39 @@ def unshared(files, needs, owner, rank, tests):
     return out
 
 
+def owned_headers(files):
+    """Header node -> the file it belongs to: X_impl.h beside X.c, unless X
+    is the folder (<folder>_impl.h is the folder's private part). An
+    interface (X.h) declares for whoever uses it."""
+    own = {}
+    for node in files:
+        if node.endswith("_impl.h") and "/" in node:
+            stem = node[:-len("_impl.h")]
+            if stem in files and os.path.basename(stem) != folder(node):
+                own[node] = stem
+    return own
+
+
+def file_edges(files, inc, uses):
+    """Calls, and includes (direct or through other headers) of a header
+    that another file owns: a file that includes B.h or B_impl.h uses B."""
+    own = owned_headers(files)
+    out = {a: {b: list(why) for b, why in uses.get(a, {}).items()}
+           for a in files if not a.endswith(".h")}
+    for a in out:
+        seen, todo = set(), list(inc.get(a, ()))
+        while todo:
+            h = todo.pop()
+            if h in seen:
+                continue
+            seen.add(h)
+            todo.extend(inc.get(h, ()))
+            b = own.get(h)
+            if b and b != a:
+                out[a].setdefault(b, []).append(os.path.basename(h))
+    return out
+
+
 def check_order(args, uses, owner, needs):
     rank = read_order(args.order)
     findings = []
@@ -298,6 +335,12 @@ def check_order(args, uses, owner, needs):
                 for b in sorted(whole.get(a, set()) & set(part)):
                     why = inline.get(a, {}).get(b) if a.endswith(".h") else uses.get(a, {}).get(b)
                     print(f"  {a} -> {b}" + (f": {' '.join(sorted(why))}" if why else ""))
+    by_file = file_edges(files, inc, uses)
+    for part in circles(by_file):
+        findings.append(f"a circle of files through their own headers: {' '.join(part)}")
+        for a in part:
+            for b in sorted(set(by_file[a]) & set(part)):
+                print(f"  {a} -> {b}: {' '.join(sorted(set(by_file[a][b])))}")
     findings += unshared(files, needs, owner, rank, args.tests)
     for line in findings:
         print(f"check_layers: {line}")

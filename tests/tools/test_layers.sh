@@ -3,7 +3,8 @@
 # test_layers.sh - every call and include between the library's files goes
 # down the folders' order in shim/layers.txt: tests/tools/check_layers.py
 # reads the built objects' symbols (nm), the sources' includes and each header
-# compiled alone, and fails on a circle, an upward or sideways call or include,
+# compiled alone, and fails on a circle (of folders, or of files through their
+# private headers), an upward or sideways call or include,
 # an include of another folder's private header, a circle through headers,
 # an interface naming what only its own folder uses
 # (docs/design.md says which layer registers what with which).
@@ -140,6 +141,22 @@ put "$t" low/a.c '#include "two.h"\nvoid a(void) { b(); }\n'
 put "$t" low/b.c '#include "two.h"\nvoid b(void) { }\n'
 check "layers: a circle through a header's inline code fails" \
     finds 'check_layers: a circle through headers: low/a low/b low/two.h'
+
+# Two files of one folder: a calls b, and b uses a's private header
+# (a macro, so no call shows it): a circle between the files. With what
+# both need in a header neither owns, one way.
+plant "$t" high,mid,low
+put "$t" low/a_impl.h '#define A_SIZE 4\nvoid b(void);\n'
+put "$t" low/a.c '#include "a_impl.h"\nvoid a(void) { b(); }\n'
+put "$t" low/b.c '#include "a_impl.h"\nint b_size[A_SIZE];\nvoid b(void) { }\n'
+check "layers: a file using another's private header that calls it fails" \
+    finds 'check_layers: a circle of files through their own headers: low/a low/b'
+put "$t" low/shared_impl.h '#define A_SIZE 4\nvoid b(void);\n'
+put "$t" low/a.c '#include "shared_impl.h"\nvoid a(void) { b(); }\n'
+put "$t" low/b.c '#include "shared_impl.h"\nint b_size[A_SIZE];\nvoid b(void) { }\n'
+rm "$t/src/low/a_impl.h"
+build_tree "$t" && ordered "$t"
+check "layers: the same files sharing a header neither owns pass" test $? -eq 0
 
 plant "$t" high,mid
 build_tree "$t" && ordered "$t"
