@@ -40,6 +40,8 @@ struct ipcc_entry {
     const void *last_user;              /* the thread of its last locked use */
     unsigned runs;                      /* locked uses in a row by that thread */
     unsigned taken_back;                /* loans taken back for another's close */
+    unsigned doomed;                    /* its exporter freed it: the last close
+                                         * really closes it; never lent */
     struct ipcc_entry *prev, *next;     /* LRU, only while idle */
     struct ipcc_alias *aliases;         /* other keys of this mapping */
     UT_hash_handle hh_key, hh_ptr;
@@ -198,7 +200,7 @@ IPCC_TABLE_HELPER void note_use(struct ipcc_entry *e)
 
 IPCC_TABLE_HELPER int lendable(const struct ipcc_entry *e)
 {
-    return e->refs > 0 && e->runs > (1u << e->taken_back) - 1;
+    return e->refs > 0 && !e->doomed && e->runs > (1u << e->taken_back) - 1;
 }
 
 /* Lock held: a close found no reference of e outside the slots: it closes

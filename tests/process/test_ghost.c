@@ -1121,6 +1121,49 @@ static void importer_stat_is(const char *key, uint64_t value)
 /* The stats key that counts a kind's import hits. */
 static const char *const hits_key[] = { [LEGACY] = "hits", [VMM] = "vmm_import_hits" };
 
+#define MANY_LIVE 100
+
+Test(ghost, many_live_imports_go_at_their_close_after_the_free, .timeout = 60)
+{
+    /* A weight sync holds a few hundred handles when the trainer frees them all (a re-share, a reset, its end): each import still in use keeps its memory until its own close, which really gives it back, however many there are (the old code remembered 64 and kept the rest mapped while the importer lived). */
+    struct peer exp, imp;
+    start_counted_pair(&exp, &imp);
+    struct exported e[MANY_LIVE];
+    int idx[MANY_LIVE];
+    for (int i = 0; i < MANY_LIVE; i++) {
+        e[i] = export(&exp, MIB);
+        idx[i] = import(&imp, &e[i], 0);
+    }
+    for (int i = 0; i < MANY_LIVE; i++)
+        free_exported(&exp, &e[i]);
+    cr_assert(eq(u64, phys(), MANY_LIVE * MIB));
+    for (int i = 0; i < MANY_LIVE; i++)
+        cr_assert_eq(ok(&imp, ask(&imp, "close %d", idx[i])), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "closes after the free left mappings cached");
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
+    importer_stat_is("ghost_bytes", 0);
+}
+
+Test(ghost, doomed_mapping_is_not_lent, .timeout = 40)
+{
+    /* A thread that opens and closes one handle again and again is lent its entry (its hits take no lock); once the exporter freed the allocation while that thread still used it, a hit of it is not lent again, so the thread's last close really closes it. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 8 * MIB);
+    for (int i = 0; i < 16; i++)
+        import(&imp, &e, 1);
+    int held = import(&imp, &e, 0);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 8 * MIB));
+    for (int i = 0; i < 16; i++)
+        import(&imp, &e, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "close %d", held)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "the last close after the free left the mapping cached");
+    finish(&imp);
+    finish(&exp);
+}
+
 BOTH_KINDS(idle_import_is_still_a_hit_before_the_free)
 
 ParameterizedTest(int *kind, ghost, idle_import_is_still_a_hit_before_the_free, .timeout = 40)
