@@ -31,6 +31,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1160,6 +1161,31 @@ Test(ghost, doomed_mapping_is_not_lent, .timeout = 40)
         import(&imp, &e, 1);
     cr_assert_eq(ok(&imp, ask(&imp, "close %d", held)), CUDA_SUCCESS);
     cr_assert(eq(u64, phys(), 0), "the last close after the free left the mapping cached");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, standin_book_survives_a_signal_during_its_lock, .timeout = 40)
+{
+    /* The stand-in's book of physical memory is the soak's measure: an update that waits for the book's lock while the library's stats signal arrives (a handler without SA_RESTART: the wait fails with EINTR) still happens. The old stand-in dropped it, and the soak saw importers map 256 MiB pools the library had closed. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 8 * MIB);
+    int idx = import(&imp, &e, 0);
+    free_exported(&exp, &e);
+    char *path = format("%s/phys", getenv("FAKECUDA_PHYS_DIR"));
+    int book = open(path, O_RDWR | O_CLOEXEC);
+    free(path);
+    cr_assert_geq(book, 0);
+    cr_assert_eq(flock(book, LOCK_EX), 0);
+    cr_assert_gt(dprintf(imp.in, "close %d\n", idx), 0);
+    usleep(200000); /* the close waits for the book now */
+    cr_assert_eq(kill(imp.pid, SIGUSR1), 0);
+    usleep(200000);
+    cr_assert_eq(flock(book, LOCK_UN), 0);
+    close(book);
+    cr_assert_eq(ok(&imp, reply_to(&imp, "close", 1)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "the stand-in's book lost the unmap");
     finish(&imp);
     finish(&exp);
 }
