@@ -236,7 +236,8 @@ $(BUILD)/tests/vmm_errors: tests/gpu/vmm_errors.cu tests/gpu/vmm_pair.h $(FAKE)
 $(BUILD)/tests/ghost_peer: tests/process/ghost_peer.c $(FAKE)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' -ldl
 
-$(BUILD)/tests/test_ghost: tests/process/test_ghost.c $(FAKE) $(BUILD)/tests/libhelperhold.so
+$(BUILD)/tests/test_ghost: tests/process/test_ghost.c shim/ledger/ledger_impl.h $(FAKE) \
+                           $(BUILD)/tests/libhelperhold.so
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $< -L$(BUILD)/tests -lcuda -Wl,-rpath,'$$ORIGIN' $(TEST_LIBS)
 
 # The hit path's race check, built by tests/process/test_tsan.sh with ThreadSanitizer
@@ -259,7 +260,7 @@ $(BUILD)/tests/fuzz: tests/fuzz/fuzz.c tests/fuzz/fuzz_vmm.c tests/fuzz/fuzz_led
 # stand-in driver; the library is preloaded into the processes it starts.
 SOAK_SRC = $(filter-out tests/soak/soak_plant.c,$(wildcard tests/soak/*.c))
 $(BUILD)/tests/soak: $(SOAK_SRC) $(wildcard tests/soak/*.h) tests/standin/fake_cuda.h \
-                     tests/standin/fake_vmm.h tests/gpu/vmm_pair.h $(FAKE)
+                     tests/standin/fake_vmm.h tests/gpu/vmm_pair.h shim/ledger/ledger_impl.h $(FAKE)
 	$(CC) $(ALL_CFLAGS) $(TEST_INC) -o $@ $(SOAK_SRC) -L$(BUILD)/tests -lcuda \
 	    -Wl,-rpath,'$$ORIGIN' -lpthread
 

@@ -56,6 +56,8 @@ enum ipcc_release_result {
     IPCC_RELEASE_OK,         /* one reference dropped */
     IPCC_RELEASE_PAST_ZERO,  /* was idle: removed; the cache's reference must be
                               * closed and the close passed to the driver */
+    IPCC_RELEASE_LAST,       /* the last reference of a mapping its exporter freed:
+                              * removed; the cache's reference must be closed */
 };
 
 #endif

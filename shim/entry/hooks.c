@@ -57,9 +57,7 @@ IPCC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle ha
 
 IPCC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    CUresult rc = (CUresult)ipcc_legacy_close_call((uint64_t)dptr);
-    ipcc_legacy_after_close();
-    return rc;
+    return (CUresult)ipcc_legacy_close_call((uint64_t)dptr);
 }
 
 /* ---- exported memory: its free waits for importers' idle mappings ------- */

@@ -16,7 +16,6 @@
 static void (*const fork_resets[])(void) = {
     ipcc_budget_fork_child,           /* first: tables and loans emptied, kept dups closed */
     ipcc_legacy_close_fork_child,
-    ipcc_legacy_importer_fork_child,
     ipcc_vmm_fork_child,
     ipcc_vmm_identity_fork_child,
     ipcc_legacy_exporter_fork_child,  /* the parent's exports are not the child's to free */

@@ -3,7 +3,7 @@
  * exported allocations and the importers' slots. Requests live in
  * ledger_request.c; the layout in ledger_impl.h.
  *
- * One file per user, "release-ledger-v2" in the per-user directory (0700, so
+ * One file per user, "release-ledger-v3" in the per-user directory (0700, so
  * another user can neither read nor write it), opened without following links
  * and refused unless it is a regular file of ours, mode 0600, of the expected
  * size. Without it (no directory, refused, out of memory) nothing breaks:

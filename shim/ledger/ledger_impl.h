@@ -14,9 +14,11 @@
 
 #include "ledger.h"
 
-#define IPCC_LEDGER_MAGIC 0x32676c6363706969ULL /* "iipccgl2" */
-#define IPCC_LEDGER_NAME "release-ledger-v2"
-#define IPCC_LEDGER_EXPORTS 1024
+#define IPCC_LEDGER_MAGIC 0x33676c6363706969ULL /* "iipccgl3" */
+#define IPCC_LEDGER_NAME "release-ledger-v3"
+/* A fleet of trainers lists a few hundred weights each: kept under half full,
+ * a handle's 32 probes never all find their entries taken. */
+#define IPCC_LEDGER_EXPORTS 4096
 #define IPCC_LEDGER_PROBES 32
 #define IPCC_LEDGER_WATCH 16
 

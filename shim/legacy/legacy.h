@@ -41,9 +41,7 @@ IPCC_HIDDEN void ipcc_legacy_exporter_sweep(void);
 
 /* legacy_importer.c: the legacy kind's part (vmm_importer.c: ipcc_vmm_let_go, ...). */
 IPCC_HIDDEN void ipcc_legacy_let_go(const void *handle);
-IPCC_HIDDEN void ipcc_legacy_after_close(void);
 IPCC_HIDDEN uint64_t ipcc_legacy_ghost_bytes(void);
-IPCC_HIDDEN void ipcc_legacy_importer_fork_child(void);
 IPCC_HIDDEN void ipcc_legacy_exporter_fork_child(void); /* forgets the parent's exports */
 
 #endif

@@ -281,6 +281,19 @@ int ipcc_legacy_open_call(int slot, uint64_t *pdptr_u64, const void *handle_byte
 
 /* ---- close -------------------------------------------------------------- */
 
+/* The program's last close of a mapping its exporter freed while it was in
+ * use (the table removed it): without the cache this close would give the
+ * memory back, so it does. */
+static CUresult close_doomed(close_fn real, const struct ipcc_legacy_victim *self)
+{
+    CUresult rc = timed_real_close(real, (CUdeviceptr)self->dptr);
+    ipcc_lock();
+    ipcc_legacy_close_untaken(self, 1);
+    ipcc_unlock();
+    IPCC_COUNT(releases_on_request);
+    return count_result(rc);
+}
+
 int ipcc_legacy_close_call(uint64_t dptr)
 {
     ipcc_lifecycle_start();
@@ -306,7 +319,7 @@ int ipcc_legacy_close_call(uint64_t dptr)
     enum ipcc_release_result r =
         ipcc_legacy_release(ipcc_budget_legacy(), ctx_id, dptr, ipcc_clock_ns());
     int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_legacy_close_pending(ctx_id, dptr);
-    if (r == IPCC_RELEASE_PAST_ZERO)
+    if (r == IPCC_RELEASE_PAST_ZERO || r == IPCC_RELEASE_LAST)
         ipcc_legacy_close_taken(&self, 1);
     ipcc_unlock();
     switch (r) {
@@ -324,6 +337,8 @@ int ipcc_legacy_close_call(uint64_t dptr)
         ipcc_legacy_close_untaken(&self, 1);
         ipcc_unlock();
         return count_result(real((CUdeviceptr)dptr));
+    case IPCC_RELEASE_LAST:
+        return close_doomed(real, &self);
     case IPCC_RELEASE_OK:
         break;
     }

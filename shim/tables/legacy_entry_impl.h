@@ -42,6 +42,8 @@ struct ipcc_entry {
     const void *last_user;              /* the thread of its last locked use */
     unsigned runs;                      /* locked uses in a row by that thread */
     unsigned taken_back;                /* loans taken back for another's close */
+    unsigned doomed;                    /* its exporter freed it: the last close
+                                         * really closes it; never lent */
     struct ipcc_entry *prev, *next;     /* LRU, only while idle */
     struct ipcc_alias *aliases;         /* other keys of this mapping */
     UT_hash_handle hh_key, hh_ptr;

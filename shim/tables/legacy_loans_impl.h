@@ -85,7 +85,7 @@ IPCC_TABLE_HELPER void note_use(struct ipcc_entry *e)
 
 IPCC_TABLE_HELPER int lendable(const struct ipcc_entry *e)
 {
-    return e->refs > 0 && e->runs > (1u << e->taken_back) - 1;
+    return e->refs > 0 && !e->doomed && e->runs > (1u << e->taken_back) - 1;
 }
 
 /* Lock held: a close found no reference of e outside the slots: it closes

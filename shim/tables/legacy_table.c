@@ -120,6 +120,8 @@ static void unlink_entry(struct ipcc_legacy_table *c, struct ipcc_entry *e)
     } else {
         gauge_sub(&c->gauges.live, 1);
     }
+    if (e->doomed)
+        gauge_sub(&c->gauges.doomed_bytes, e->bytes);
     top_detach(c, e);
 }
 
@@ -358,10 +360,12 @@ static void close_outside_slots(struct ipcc_entry *e, uint64_t now_ns)
 }
 
 /* Drops one reference of the mapping at dptr in context ctx_id. At zero the
- * entry stays cached, idle, at the most-recent end of the LRU list. A close
- * of an idle entry (past zero) removes it: the application closes a
- * reference it took outside the cache (or none), so the caller gives the
- * cache's own reference back and lets the driver answer the close. */
+ * entry stays cached, idle, at the most-recent end of the LRU list, unless
+ * its exporter freed it (doomed): then it is removed and the caller gives
+ * the cache's reference back (IPCC_RELEASE_LAST). A close of an idle entry
+ * (past zero) removes it: the application closes a reference it took
+ * outside the cache (or none), so the caller gives the cache's own
+ * reference back and lets the driver answer the close. */
 enum ipcc_release_result ipcc_legacy_release(struct ipcc_legacy_table *c, uint64_t ctx_id,
                                              uint64_t dptr, uint64_t now_ns)
 {
@@ -379,6 +383,11 @@ enum ipcc_release_result ipcc_legacy_release(struct ipcc_legacy_table *c, uint64
         unlink_entry(c, e);
         ipcc_mem_free(e);
         return IPCC_RELEASE_PAST_ZERO;
+    }
+    if (e->refs == 1 && e->doomed) {
+        unlink_entry(c, e);
+        ipcc_mem_free(e);
+        return IPCC_RELEASE_LAST;
     }
     if (--e->refs == 0) {
         e->idle_ns = now_ns;
@@ -507,9 +516,11 @@ static int same_handle(const void *handle, void *wanted)
 
 /* Removes idle entries of the allocation behind handle, in any context (at
  * most cap), describing them in out[]; the caller closes them. Adds to
- * *live_bytes the bytes of its entries still referenced (left in place).
- * Used when the exporter frees that allocation: an entry opened first
- * through another handle of it holds this one as an alias. */
+ * *live_bytes the bytes of its entries still referenced, which stay, doomed:
+ * their last close removes them. A flag per entry, so that however many an
+ * exporter frees while the program uses them, none stays mapped after its
+ * close. Used when the exporter frees that allocation: an entry opened
+ * first through another handle of it holds this one as an alias. */
 size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *handle,
                                        struct ipcc_legacy_victim *out, size_t cap,
                                        uint64_t *live_bytes)
@@ -520,9 +531,12 @@ size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *
     HASH_ITER(hh_key, c->by_key, e, tmp) {
         if (!any_key(e, same_handle, (void *)handle))
             continue;
-        if (e->refs > 0)
+        if (e->refs > 0) {
             *live_bytes += e->bytes;
-        else if (n < cap)
+            if (!e->doomed)
+                gauge_add(&c->gauges.doomed_bytes, e->bytes);
+            e->doomed = 1;
+        } else if (n < cap)
             remove_entry(c, e, out, cap, &n);
     }
     return n;

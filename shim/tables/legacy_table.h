@@ -89,6 +89,7 @@ struct ipcc_legacy_gauges {
     _Atomic uint64_t live;
     _Atomic uint64_t idle;
     _Atomic uint64_t idle_bytes;
+    _Atomic uint64_t doomed_bytes;      /* of entries in use whose exporter freed them */
 };
 IPCC_HIDDEN const struct ipcc_legacy_gauges *
 ipcc_legacy_table_gauges(const struct ipcc_legacy_table *c);
@@ -97,7 +98,8 @@ IPCC_HIDDEN const struct ipcc_top_slot *ipcc_legacy_table_top(const struct ipcc_
 IPCC_HIDDEN void ipcc_legacy_top_now(const struct ipcc_legacy_table *c, struct ipcc_top_slot *out);
 
 /* legacy_table.c: idle entries of one exporter's allocation, in any context,
- * under any of the handles it was opened with. */
+ * under any of the handles it was opened with; those in use are doomed
+ * (their last ipcc_legacy_release answers IPCC_RELEASE_LAST). */
 IPCC_HIDDEN size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *handle,
                                                    struct ipcc_legacy_victim *out, size_t cap,
                                                    uint64_t *live_bytes);

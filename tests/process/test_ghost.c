@@ -31,6 +31,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1120,6 +1121,74 @@ static void importer_stat_is(const char *key, uint64_t value)
 
 /* The stats key that counts a kind's import hits. */
 static const char *const hits_key[] = { [LEGACY] = "hits", [VMM] = "vmm_import_hits" };
+
+#define MANY_LIVE 100
+
+Test(ghost, many_live_imports_go_at_their_close_after_the_free, .timeout = 60)
+{
+    /* A weight sync holds a few hundred handles when the trainer frees them all (a re-share, a reset, its end): each import still in use keeps its memory until its own close, which really gives it back, however many there are (the old code remembered 64 and kept the rest mapped while the importer lived). */
+    struct peer exp, imp;
+    start_counted_pair(&exp, &imp);
+    struct exported e[MANY_LIVE];
+    int idx[MANY_LIVE];
+    for (int i = 0; i < MANY_LIVE; i++) {
+        e[i] = export(&exp, MIB);
+        idx[i] = import(&imp, &e[i], 0);
+    }
+    for (int i = 0; i < MANY_LIVE; i++)
+        free_exported(&exp, &e[i]);
+    cr_assert(eq(u64, phys(), MANY_LIVE * MIB));
+    for (int i = 0; i < MANY_LIVE; i++)
+        cr_assert_eq(ok(&imp, ask(&imp, "close %d", idx[i])), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "closes after the free left mappings cached");
+    cr_assert_eq(finish(&imp), 0);
+    finish(&exp);
+    importer_stat_is("ghost_bytes", 0);
+}
+
+Test(ghost, doomed_mapping_is_not_lent, .timeout = 40)
+{
+    /* A thread that opens and closes one handle again and again is lent its entry (its hits take no lock); once the exporter freed the allocation while that thread still used it, a hit of it is not lent again, so the thread's last close really closes it. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 8 * MIB);
+    for (int i = 0; i < 16; i++)
+        import(&imp, &e, 1);
+    int held = import(&imp, &e, 0);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 8 * MIB));
+    for (int i = 0; i < 16; i++)
+        import(&imp, &e, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "close %d", held)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "the last close after the free left the mapping cached");
+    finish(&imp);
+    finish(&exp);
+}
+
+Test(ghost, standin_book_survives_a_signal_during_its_lock, .timeout = 40)
+{
+    /* The stand-in's book of physical memory is the soak's measure: an update that waits for the book's lock while the library's stats signal arrives (a handler without SA_RESTART: the wait fails with EINTR) still happens. The old stand-in dropped it, and the soak saw importers map 256 MiB pools the library had closed. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 8 * MIB);
+    int idx = import(&imp, &e, 0);
+    free_exported(&exp, &e);
+    char *path = format("%s/phys", getenv("FAKECUDA_PHYS_DIR"));
+    int book = open(path, O_RDWR | O_CLOEXEC);
+    free(path);
+    cr_assert_geq(book, 0);
+    cr_assert_eq(flock(book, LOCK_EX), 0);
+    cr_assert_gt(dprintf(imp.in, "close %d\n", idx), 0);
+    usleep(200000); /* the close waits for the book now */
+    cr_assert_eq(kill(imp.pid, SIGUSR1), 0);
+    usleep(200000);
+    cr_assert_eq(flock(book, LOCK_UN), 0);
+    close(book);
+    cr_assert_eq(ok(&imp, reply_to(&imp, "close", 1)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys(), 0), "the stand-in's book lost the unmap");
+    finish(&imp);
+    finish(&exp);
+}
 
 BOTH_KINDS(idle_import_is_still_a_hit_before_the_free)
 

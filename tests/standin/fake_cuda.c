@@ -1045,7 +1045,12 @@ static struct phys_book *phys_lock(void)
         void *m = mmap(NULL, sizeof *g_phys.book, PROT_READ | PROT_WRITE, MAP_SHARED, g_phys.fd, 0);
         g_phys.book = m == MAP_FAILED ? NULL : m;
     }
-    if (!g_phys.book || flock(g_phys.fd, LOCK_EX) != 0) return NULL;
+    if (!g_phys.book) return NULL;
+    /* A signal handler without SA_RESTART (the library's stats signal's)
+     * fails a waiting flock with EINTR: the update must still happen, as
+     * the driver's own bookkeeping does not skip a change on a signal. */
+    while (flock(g_phys.fd, LOCK_EX) != 0)
+        if (errno != EINTR) return NULL;
     return g_phys.book;
 }
 

@@ -223,6 +223,27 @@ Test(ledger, exported_handle_names_its_exporter)
     cr_assert_eq(ipcc_ledger_owner(a, &who), 0);
 }
 
+Test(ledger, a_fleets_exports_are_all_listed)
+{
+    /* Eight trainers of 250 weights each (the soak's fleet lists about 1,000): every handle is listed, and importers need not listen to every exporter. The old table of 1,024 entries filled at 95%, and the handles it could not list were never let go at their exporter's death. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    unsigned char h[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who;
+    for (uint32_t i = 0; i < 2000; i++) {
+        memset(h, 0, sizeof(h));
+        memcpy(h, &i, sizeof(i));
+        h[63] = 0x5a;
+        cr_assert_eq(ipcc_ledger_publish(h), 0, "export %u not listed", i);
+    }
+    cr_assert_eq(ipcc_ledger_unpublished(), 0);
+    for (uint32_t i = 0; i < 2000; i++) {
+        memset(h, 0, sizeof(h));
+        memcpy(h, &i, sizeof(i));
+        h[63] = 0x5a;
+        cr_assert_eq(ipcc_ledger_owner(h, &who), 1);
+    }
+}
+
 Test(ledger, dead_exporters_entries_are_reused)
 {
     /* Once every entry a handle may use is held, only a dead holder's entry can be taken. */

@@ -307,6 +307,29 @@ Test(legacy_table, take_idle_by_handle)
     cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->idle_bytes), 4096);
 }
 
+/* An entry still referenced when its allocation is taken is doomed: counted
+ * in doomed_bytes, and its last release removes it (IPCC_RELEASE_LAST)
+ * instead of leaving it idle; a second taking counts it once. */
+Test(legacy_table, taken_entry_in_use_goes_at_its_last_release)
+{
+    insert(1, 1, 0x1000, 4096);
+    uint64_t cached;
+    struct ipcc_legacy_key k = key(1, 1);
+    cr_assert_eq(ipcc_legacy_insert(cache, &k, NULL, 0x1000, 4096, 0, &cached), 0);
+    struct ipcc_legacy_victim v[2];
+    uint64_t live = 0;
+    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 2, &live), 0);
+    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 2, &live), 0);
+    cr_assert_eq(live, 2 * 4096);
+    cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->doomed_bytes), 4096);
+    cr_assert_eq(ipcc_legacy_release(cache, 1, 0x1000, 0), IPCC_RELEASE_OK);
+    cr_assert_eq(ipcc_legacy_release(cache, 1, 0x1000, 0), IPCC_RELEASE_LAST);
+    cr_assert_eq(ipcc_legacy_table_entries(cache), 0);
+    cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->idle), 0);
+    cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->live), 0);
+    cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->doomed_bytes), 0);
+}
+
 /* An entry opened first through another handle of the allocation (a driver
  * that gives each export a handle of its own) is taken by its alias too. */
 Test(legacy_table, take_idle_by_handle_finds_an_alias)
