@@ -22,6 +22,17 @@ check() {
     fi
 }
 
+# expect NAME FILE PATTERN: one case, FILE has a line matching the extended
+# regex PATTERN (on failure FILE's first lines are shown as comments).
+expect() {
+    if grep -Eq -- "$3" "$2"; then ok "$1"; else not_ok "$1 (no line /$3/ in $2)"; sed 's/^/#   /' "$2" | head -n 30; fi
+}
+
+# expect_status NAME STATUS WANTED: one case, a command's exit status.
+expect_status() {
+    if [[ $2 -eq $3 ]]; then ok "$1"; else not_ok "$1 (status $2, wanted $3)"; fi
+}
+
 tap_summary() {
     echo "$1: $tap_passed passed, $tap_failed failed, $tap_skipped skipped"
     [[ $tap_failed -eq 0 ]]

@@ -21,13 +21,6 @@ source "$root/tests/tap.sh"
 tap_setup engine-bench
 unset PYTORCH_CUDA_ALLOC_CONF BENCH_PARTS BENCH_TP BENCH_ENGINE PEER_DIR
 
-# expect NAME FILE PATTERN: FILE has a line matching the extended regex PATTERN.
-expect() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else not_ok "$1 (no line /$3/ in $2)"; sed 's/^/#   /' "$2" | head -n 30; fi
-}
-expect_status() {
-    if [[ $2 -eq $3 ]]; then ok "$1"; else not_ok "$1 (status $2, wanted $3)"; fi
-}
 
 # Stand-in torch: a GPU or none (ENGINE_TEST_GPUS), no CUDA anything else.
 mkdir -p "$tmp/torch/torch" "$tmp/bin" "$tmp/empty"

@@ -26,12 +26,6 @@ source "$root/tests/tap.sh"
 tap_setup rl-bench
 unset PYTORCH_CUDA_ALLOC_CONF BENCH_PARTS BENCH_RL PEER_DIR
 
-expect() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else not_ok "$1 (no line /$3/ in $2)"; sed 's/^/#   /' "$2" | head -n 30; fi
-}
-expect_status() {
-    if [[ $2 -eq $3 ]]; then ok "$1"; else not_ok "$1 (status $2, wanted $3)"; fi
-}
 
 # Stand-in torch for the bench's own checks: a GPU or none (RL_TEST_GPUS).
 mkdir -p "$tmp/torch/torch" "$tmp/bin" "$tmp/empty"

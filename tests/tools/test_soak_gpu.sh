@@ -20,12 +20,6 @@ PY=${PYTHON:-python3}
 source "$root/tests/tap.sh"
 tap_setup soak-gpu
 
-expect() {  # expect NAME FILE PATTERN: FILE has a line matching the extended regex PATTERN
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else not_ok "$1 (no line /$3/ in $2)"; sed 's/^/#   /' "$2" | head -n 30; fi
-}
-expect_status() {
-    if [[ $2 -eq $3 ]]; then ok "$1"; else not_ok "$1 (status $2, wanted $3)"; fi
-}
 
 # ---- the sampler -----------------------------------------------------------
 # A parent with a child holding 20 extra fds: both are sampled; no GPU here,
