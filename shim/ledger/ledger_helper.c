@@ -74,11 +74,19 @@ int ipcc_ledger_helper_exiting(void)
     return atomic_load(&exiting);
 }
 
-/* Lock held: forgets which exporter handle came from. */
-static void forget_seen(struct seen *s)
+/* Lock held: forgets which exporter handle came from. With unwatch, the
+ * handle is let go of: when it was the exporter's last, its frees stop
+ * ringing us (else the 16 watched pids fill with exporters we hold nothing
+ * of, and from then on every exporter's frees ring us). A record dropped
+ * for room keeps the watch: its mapping may still be cached. */
+static void forget_seen(struct seen *s, int unwatch)
 {
-    if (--exporters[s->exporter].handles == 0)
-        exporters[s->exporter].who.pid = 0;
+    struct ipcc_proc *who = &exporters[s->exporter].who;
+    if (--exporters[s->exporter].handles == 0) {
+        if (unwatch && atomic_load(&slot) >= 0)
+            ipcc_ledger_unwatch(atomic_load(&slot), who->pid);
+        who->pid = 0;
+    }
     HASH_DEL(seen, s);
     ipcc_mem_free(s);
 }
@@ -95,7 +103,7 @@ static void let_go(const unsigned char *handle)
     ipcc_lock();
     HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
     if (s)
-        forget_seen(s);
+        forget_seen(s, 1);
     ipcc_unlock();
 }
 
@@ -112,7 +120,7 @@ static size_t take_handles_of(int i, unsigned char (*out)[IPCC_HANDLE_BYTES], si
         if (s->exporter != i)
             continue;
         memcpy(out[n++], s->handle, IPCC_HANDLE_BYTES);
-        forget_seen(s);
+        forget_seen(s, 1);
     }
     return n;
 }
@@ -292,8 +300,11 @@ static int exporter_index(struct ipcc_proc who)
     return free_at;
 }
 
-/* Remembers that handle came from owner; the oldest record goes when full. */
-static void record(const void *handle, struct ipcc_proc owner)
+/* Remembers that handle came from owner, and asks owner's frees to ring
+ * slot me: under the lock, so that a let-go of owner's last other handle
+ * cannot unwatch it in between. The oldest record goes when full. 0 when
+ * it could not be remembered. */
+static int record(int me, const void *handle, struct ipcc_proc owner)
 {
     struct seen *s;
     ipcc_lock();
@@ -301,7 +312,7 @@ static void record(const void *handle, struct ipcc_proc owner)
     int i = s ? -1 : exporter_index(owner);
     if (i >= 0 && (s = ipcc_mem_calloc(1, sizeof(*s))) != NULL) {
         if (HASH_COUNT(seen) >= MAX_SEEN)
-            forget_seen(seen);
+            forget_seen(seen, 0);
         memcpy(s->handle, handle, IPCC_HANDLE_BYTES);
         s->exporter = i;
         exporters[i].handles++;
@@ -311,9 +322,13 @@ static void record(const void *handle, struct ipcc_proc owner)
             if (--exporters[i].handles == 0)
                 exporters[i].who.pid = 0;
             ipcc_mem_free(s);
+            s = NULL;
         }
     }
+    if (s)
+        ipcc_ledger_watch(me, owner.pid);
     ipcc_unlock();
+    return s != NULL;
 }
 
 /* Lock held: which exporter handle came from, as the ledger said at our miss
@@ -345,8 +360,7 @@ void ipcc_ledger_note_import(const void *handle)
     int me = my_slot();
     if (me < 0)
         return;
-    ipcc_ledger_watch(me, known ? owner.pid : 0);
-    if (known)
-        record(handle, owner);
+    if (!known || !record(me, handle, owner))
+        ipcc_ledger_watch(me, 0); /* unknown or unremembered: every exporter's frees */
     release_dead_exporters(1);
 }
