@@ -13,7 +13,10 @@
  * every context, and answers. Mappings the program still uses are left alone
  * (without the cache the memory stays allocated then too); they are closed
  * for real at the program's last close of them ("doomed" below). Every second
- * the helper also closes the idle mappings of exporters that have exited.
+ * the helper also closes the idle mappings of exporters that have exited,
+ * and of handles their exporter no longer lists (an import that raced the
+ * free: opened after the ask was answered); that look holds the table
+ * lock over one ledger lookup per remembered handle (8,192 at most).
  *
  * The table lock is held only to take entries or update the lists here,
  * never across a driver call.
@@ -107,17 +110,19 @@ static void let_go(const unsigned char *handle)
     ipcc_unlock();
 }
 
-/* ---- exporters that exited ------------------------------------------- */
+/* ---- exporters that exited, handles unlisted --------------------------- */
 
-/* Lock held: up to cap handles of exporter i, forgotten as they are taken. */
-static size_t take_handles_of(int i, unsigned char (*out)[IPCC_HANDLE_BYTES], size_t cap)
+/* Lock held: up to cap handles that pick(s, i) accepts, forgotten as they
+ * are taken. */
+static size_t take_handles(int (*pick)(const struct seen *s, int i), int i,
+                           unsigned char (*out)[IPCC_HANDLE_BYTES], size_t cap)
 {
     struct seen *s, *tmp;
     size_t n = 0;
     HASH_ITER(hh, seen, s, tmp) {
         if (n == cap)
             break;
-        if (s->exporter != i)
+        if (!pick(s, i))
             continue;
         memcpy(out[n++], s->handle, IPCC_HANDLE_BYTES);
         forget_seen(s, 1);
@@ -125,17 +130,36 @@ static size_t take_handles_of(int i, unsigned char (*out)[IPCC_HANDLE_BYTES], si
     return n;
 }
 
-static void let_go_of_exporter(int i)
+/* Lets go of every handle pick(s, i) accepts, a batch at a time: the
+ * closes happen without the lock. */
+static void let_go_of_picked(int (*pick)(const struct seen *s, int i), int i)
 {
     unsigned char handles[BATCH][IPCC_HANDLE_BYTES];
     size_t n;
     do {
         ipcc_lock();
-        n = take_handles_of(i, handles, BATCH);
+        n = take_handles(pick, i, handles, BATCH);
         ipcc_unlock();
         for (size_t k = 0; k < n; k++)
             let_go(handles[k]);
     } while (n == BATCH);
+}
+
+static int of_exporter(const struct seen *s, int i)
+{
+    return s->exporter == i;
+}
+
+/* Whether s's exporter no longer lists its handle: it freed it (or let it
+ * go early) without asking us, because our import of it came after our
+ * helper had answered its ask, before its free: the program's own race,
+ * in which without the cache the importer's close gives the memory back. */
+static int unlisted(const struct seen *s, int unused)
+{
+    (void)unused;
+    struct ipcc_proc owner, who = exporters[s->exporter].who;
+    return !ipcc_ledger_owner(s->handle, &owner) || owner.pid != who.pid ||
+           owner.start != who.start;
 }
 
 /* Closes the idle mappings of every exporter that has exited. With quick,
@@ -150,7 +174,7 @@ static void release_dead_exporters(int quick)
     for (int i = 0; i < MAX_EXPORTERS; i++) {
         if (who[i].pid == 0 || ipcc_proc_alive(who[i].pid, quick ? 0 : who[i].start))
             continue;
-        let_go_of_exporter(i);
+        let_go_of_picked(of_exporter, i);
         if (atomic_load(&slot) >= 0)
             ipcc_ledger_unwatch(atomic_load(&slot), who[i].pid);
     }
@@ -187,6 +211,7 @@ static void *helper_main(void *arg)
         answer_requests(me);
         if (ipcc_clock_ns() - last_check >= CHECK_EVERY_NS) {
             release_dead_exporters(0);
+            let_go_of_picked(unlisted, 0);
             last_check = ipcc_clock_ns();
         }
         ipcc_ledger_sleep(me, rung, CHECK_EVERY_NS);
