@@ -13,7 +13,10 @@
  * every context, and answers. Mappings the program still uses are left alone
  * (without the cache the memory stays allocated then too); they are closed
  * for real at the program's last close of them ("doomed" below). Every second
- * the helper also closes the idle mappings of exporters that have exited.
+ * the helper also closes the idle mappings of exporters that have exited,
+ * and of handles their exporter no longer lists (an import that raced the
+ * free: opened after the ask was answered); that look holds the table
+ * lock over one ledger lookup per remembered handle (8,192 at most).
  *
  * The table lock is held only to take entries or update the lists here,
  * never across a driver call.
@@ -74,11 +77,19 @@ int ipcc_ledger_helper_exiting(void)
     return atomic_load(&exiting);
 }
 
-/* Lock held: forgets which exporter handle came from. */
-static void forget_seen(struct seen *s)
+/* Lock held: forgets which exporter handle came from. With unwatch, the
+ * handle is let go of: when it was the exporter's last, its frees stop
+ * ringing us (else the 16 watched pids fill with exporters we hold nothing
+ * of, and from then on every exporter's frees ring us). A record dropped
+ * for room keeps the watch: its mapping may still be cached. */
+static void forget_seen(struct seen *s, int unwatch)
 {
-    if (--exporters[s->exporter].handles == 0)
-        exporters[s->exporter].who.pid = 0;
+    struct ipcc_proc *who = &exporters[s->exporter].who;
+    if (--exporters[s->exporter].handles == 0) {
+        if (unwatch && atomic_load(&slot) >= 0)
+            ipcc_ledger_unwatch(atomic_load(&slot), who->pid);
+        who->pid = 0;
+    }
     HASH_DEL(seen, s);
     ipcc_mem_free(s);
 }
@@ -95,39 +106,60 @@ static void let_go(const unsigned char *handle)
     ipcc_lock();
     HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
     if (s)
-        forget_seen(s);
+        forget_seen(s, 1);
     ipcc_unlock();
 }
 
-/* ---- exporters that exited ------------------------------------------- */
+/* ---- exporters that exited, handles unlisted --------------------------- */
 
-/* Lock held: up to cap handles of exporter i, forgotten as they are taken. */
-static size_t take_handles_of(int i, unsigned char (*out)[IPCC_HANDLE_BYTES], size_t cap)
+/* Lock held: up to cap handles that pick(s, i) accepts, forgotten as they
+ * are taken. */
+static size_t take_handles(int (*pick)(const struct seen *s, int i), int i,
+                           unsigned char (*out)[IPCC_HANDLE_BYTES], size_t cap)
 {
     struct seen *s, *tmp;
     size_t n = 0;
     HASH_ITER(hh, seen, s, tmp) {
         if (n == cap)
             break;
-        if (s->exporter != i)
+        if (!pick(s, i))
             continue;
         memcpy(out[n++], s->handle, IPCC_HANDLE_BYTES);
-        forget_seen(s);
+        forget_seen(s, 1);
     }
     return n;
 }
 
-static void let_go_of_exporter(int i)
+/* Lets go of every handle pick(s, i) accepts, a batch at a time: the
+ * closes happen without the lock. */
+static void let_go_of_picked(int (*pick)(const struct seen *s, int i), int i)
 {
     unsigned char handles[BATCH][IPCC_HANDLE_BYTES];
     size_t n;
     do {
         ipcc_lock();
-        n = take_handles_of(i, handles, BATCH);
+        n = take_handles(pick, i, handles, BATCH);
         ipcc_unlock();
         for (size_t k = 0; k < n; k++)
             let_go(handles[k]);
     } while (n == BATCH);
+}
+
+static int of_exporter(const struct seen *s, int i)
+{
+    return s->exporter == i;
+}
+
+/* Whether s's exporter no longer lists its handle: it freed it (or let it
+ * go early) without asking us, because our import of it came after our
+ * helper had answered its ask, before its free: the program's own race,
+ * in which without the cache the importer's close gives the memory back. */
+static int unlisted(const struct seen *s, int unused)
+{
+    (void)unused;
+    struct ipcc_proc owner, who = exporters[s->exporter].who;
+    return !ipcc_ledger_owner(s->handle, &owner) || owner.pid != who.pid ||
+           owner.start != who.start;
 }
 
 /* Closes the idle mappings of every exporter that has exited. With quick,
@@ -142,7 +174,7 @@ static void release_dead_exporters(int quick)
     for (int i = 0; i < MAX_EXPORTERS; i++) {
         if (who[i].pid == 0 || ipcc_proc_alive(who[i].pid, quick ? 0 : who[i].start))
             continue;
-        let_go_of_exporter(i);
+        let_go_of_picked(of_exporter, i);
         if (atomic_load(&slot) >= 0)
             ipcc_ledger_unwatch(atomic_load(&slot), who[i].pid);
     }
@@ -179,6 +211,7 @@ static void *helper_main(void *arg)
         answer_requests(me);
         if (ipcc_clock_ns() - last_check >= CHECK_EVERY_NS) {
             release_dead_exporters(0);
+            let_go_of_picked(unlisted, 0);
             last_check = ipcc_clock_ns();
         }
         ipcc_ledger_sleep(me, rung, CHECK_EVERY_NS);
@@ -292,8 +325,11 @@ static int exporter_index(struct ipcc_proc who)
     return free_at;
 }
 
-/* Remembers that handle came from owner; the oldest record goes when full. */
-static void record(const void *handle, struct ipcc_proc owner)
+/* Remembers that handle came from owner, and asks owner's frees to ring
+ * slot me: under the lock, so that a let-go of owner's last other handle
+ * cannot unwatch it in between. The oldest record goes when full. 0 when
+ * it could not be remembered. */
+static int record(int me, const void *handle, struct ipcc_proc owner)
 {
     struct seen *s;
     ipcc_lock();
@@ -301,7 +337,7 @@ static void record(const void *handle, struct ipcc_proc owner)
     int i = s ? -1 : exporter_index(owner);
     if (i >= 0 && (s = ipcc_mem_calloc(1, sizeof(*s))) != NULL) {
         if (HASH_COUNT(seen) >= MAX_SEEN)
-            forget_seen(seen);
+            forget_seen(seen, 0);
         memcpy(s->handle, handle, IPCC_HANDLE_BYTES);
         s->exporter = i;
         exporters[i].handles++;
@@ -311,9 +347,13 @@ static void record(const void *handle, struct ipcc_proc owner)
             if (--exporters[i].handles == 0)
                 exporters[i].who.pid = 0;
             ipcc_mem_free(s);
+            s = NULL;
         }
     }
+    if (s)
+        ipcc_ledger_watch(me, owner.pid);
     ipcc_unlock();
+    return s != NULL;
 }
 
 /* Lock held: which exporter handle came from, as the ledger said at our miss
@@ -345,8 +385,7 @@ void ipcc_ledger_note_import(const void *handle)
     int me = my_slot();
     if (me < 0)
         return;
-    ipcc_ledger_watch(me, known ? owner.pid : 0);
-    if (known)
-        record(handle, owner);
+    if (!known || !record(me, handle, owner))
+        ipcc_ledger_watch(me, 0); /* unknown or unremembered: every exporter's frees */
     release_dead_exporters(1);
 }

@@ -510,6 +510,74 @@ Test(ghost, many_exporters_one_importer, .timeout = 60)
         finish(&exp[i]);
 }
 
+/* Whether the importer's ledger slot asks exporter_pid's frees (or every
+ * exporter's) to ring it. */
+static int slot_watches(pid_t importer, pid_t exporter_pid)
+{
+    struct ipcc_ledger_file *f = map_ledger(0);
+    int watched = 0;
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++) {
+        if (atomic_load(&f->importers[i].pid) != importer)
+            continue;
+        watched |= atomic_load(&f->importers[i].any);
+        for (int w = 0; w < IPCC_LEDGER_WATCH; w++)
+            watched |= atomic_load(&f->importers[i].watch[w]) == exporter_pid;
+    }
+    munmap(f, sizeof(*f));
+    return watched;
+}
+
+Test(ghost, importer_stops_watching_an_exporter_it_holds_nothing_of, .timeout = 60)
+{
+    /* Once an exporter freed the last handle an importer held of it, its frees no longer ring that importer: more live exporters than the 16 watched pids come and go without the importer listening to every exporter's frees (the old code kept each pid watched while the exporter lived). */
+    enum { N = IPCC_LEDGER_WATCH + 1 };
+    struct peer exp[N], imp;
+    start(&imp, "importer", NULL);
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "exporter%d", i);
+        start(&exp[i], name, NULL);
+        struct exported e = export(&exp[i], MIB);
+        import(&imp, &e, 1);
+        cr_assert(slot_watches(imp.pid, exp[i].pid), "exporter %d is not watched", i);
+        free_exported(&exp[i], &e);
+        cr_assert_not(slot_watches(imp.pid, exp[i].pid), "exporter %d still watched", i);
+    }
+    cr_assert(eq(u64, phys(), 0));
+    finish(&imp);
+    for (int i = 0; i < N; i++)
+        finish(&exp[i]);
+}
+
+/* As when the exporter's ask went round before this importer watched it:
+ * the slot watches nobody, so the next free asks it nothing. */
+static void unwatch_all(pid_t importer)
+{
+    struct ipcc_ledger_file *f = map_ledger(1);
+    for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++) {
+        if (atomic_load(&f->importers[i].pid) != importer)
+            continue;
+        atomic_store(&f->importers[i].any, 0);
+        for (int w = 0; w < IPCC_LEDGER_WATCH; w++)
+            atomic_store(&f->importers[i].watch[w], 0);
+    }
+    munmap(f, sizeof(*f));
+}
+
+Test(ghost, mapping_opened_after_the_ask_goes_once_its_export_is_unlisted, .timeout = 40)
+{
+    /* An importer that opened a handle after its helper had answered the exporter's ask, before the free (the program's own race: without the cache its close would free the memory), is asked nothing more; its helper lets go of the idle mapping once the exporter no longer lists the handle (the old code kept it while the exporter lived). */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    unwatch_all(imp.pid);
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys_settles_at(0), 0), "the freed allocation stays mapped");
+    finish(&imp);
+    finish(&exp);
+}
+
 Test(ghost, unexported_free_is_untouched, .timeout = 40)
 {
     /* An exporter's frees of memory it never exported go straight to the driver and give the bytes back. */
