@@ -3,7 +3,7 @@
  * exported allocations and the importers' slots. Requests live in
  * ledger_request.c; the layout in ledger_impl.h.
  *
- * One file per user, "release-ledger-v3" in the per-user directory (0700, so
+ * One file per user, "release-ledger-v4" in the per-user directory (0700, so
  * another user can neither read nor write it), opened without following links
  * and refused unless it is a regular file of ours, mode 0600, of the expected
  * size. Without it (no directory, refused, out of memory) nothing breaks:
@@ -164,16 +164,30 @@ static struct ipcc_ledger_export *export_at(uint32_t hash, int i)
     return &ledger->exports[(hash + (uint32_t)i) % IPCC_LEDGER_EXPORTS];
 }
 
-/* Takes a free entry, or one whose owner died (without a /proc read: a
- * recycled pid only costs an entry until that process ends too). */
+/* Takes a let-go entry: the compare-and-swap on ready makes one claimer
+ * its taker (the owner's pid may be ours, so the pid word cannot); one that
+ * took it by its dead owner's pid meanwhile keeps it. */
+static int claim_let_go(struct ipcc_ledger_export *e, int32_t owner, int32_t me)
+{
+    uint32_t let_go = IPCC_EXPORT_LET_GO;
+    if (!atomic_compare_exchange_strong(&e->ready, &let_go, IPCC_EXPORT_WRITING))
+        return 0;
+    return atomic_compare_exchange_strong(&e->pid, &owner, me);
+}
+
+/* Takes a free entry, a let-go one, or one whose owner died (without a
+ * /proc read: a recycled pid only costs an entry until that process ends
+ * too). */
 static int claim_export(struct ipcc_ledger_export *e, int32_t me)
 {
     int32_t owner = atomic_load(&e->pid);
+    if (owner != 0 && atomic_load(&e->ready) == IPCC_EXPORT_LET_GO)
+        return claim_let_go(e, owner, me);
     if (owner != 0 && (owner == me || ipcc_proc_alive(owner, 0)))
         return 0;
     if (!atomic_compare_exchange_strong(&e->pid, &owner, me))
         return 0;
-    atomic_store(&e->ready, 0); /* a dead owner's entry may still say ready */
+    atomic_store(&e->ready, IPCC_EXPORT_WRITING); /* a dead owner's entry may still say ready */
     return 1;
 }
 
@@ -188,7 +202,7 @@ static int list_export(const void *handle)
     struct ipcc_ledger_export *e;
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
         e = export_at(hash, i);
-        if (atomic_load(&e->pid) == me.pid && atomic_load(&e->ready) &&
+        if (atomic_load(&e->pid) == me.pid && atomic_load(&e->ready) == IPCC_EXPORT_LISTED &&
             memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0)
             return 0;
     }
@@ -198,7 +212,7 @@ static int list_export(const void *handle)
             continue;
         atomic_store(&e->start, me.start);
         memcpy(e->handle, handle, IPCC_HANDLE_BYTES);
-        atomic_store_explicit(&e->ready, 1, memory_order_release);
+        atomic_store_explicit(&e->ready, IPCC_EXPORT_LISTED, memory_order_release);
         return 0;
     }
     return -1;
@@ -229,6 +243,9 @@ int ipcc_ledger_unpublished(void)
     return ledger && atomic_load(&ledger->unpublished);
 }
 
+/* Unlists handle, leaving "let go" in its entry until a new export takes
+ * it: an importer that opens the handle before the real free learns that
+ * its exporter is freeing it, not that it has none with the library. */
 void ipcc_ledger_unpublish(const void *handle)
 {
     if (!ledger)
@@ -237,34 +254,52 @@ void ipcc_ledger_unpublish(const void *handle)
     uint32_t hash = handle_hash(handle);
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
         struct ipcc_ledger_export *e = export_at(hash, i);
-        int32_t owner = me;
-        if (atomic_load(&e->pid) == me && memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0) {
-            atomic_store(&e->ready, 0);
-            atomic_compare_exchange_strong(&e->pid, &owner, 0);
-        }
+        uint32_t listed = IPCC_EXPORT_LISTED;
+        if (atomic_load(&e->pid) == me && memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0)
+            atomic_compare_exchange_strong(&e->ready, &listed, IPCC_EXPORT_LET_GO);
     }
 }
 
-/* Who exported handle: 1 with *owner set, 0 if the ledger does not know. */
+/* Entry e's state if it holds handle (its owner copied to *owner), else
+ * IPCC_EXPORT_WRITING. */
+static uint32_t entry_of(struct ipcc_ledger_export *e, const void *handle,
+                         struct ipcc_proc *owner)
+{
+    int32_t pid = atomic_load(&e->pid);
+    uint32_t state = atomic_load_explicit(&e->ready, memory_order_acquire);
+    if (!pid || state == IPCC_EXPORT_WRITING)
+        return IPCC_EXPORT_WRITING;
+    owner->pid = pid;
+    owner->zero_pad = 0;
+    owner->start = atomic_load(&e->start);
+    int same = memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0;
+    /* Re-read: the entry may have changed hands while we compared. */
+    if (same && atomic_load(&e->ready) == state && atomic_load(&e->pid) == pid)
+        return state;
+    return IPCC_EXPORT_WRITING;
+}
+
+/* Who exported handle (ledger.h): a listing wins over a let-go entry of an
+ * earlier export of the same handle. */
 int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
 {
     if (!ipcc_ledger_ready())
         return 0;
     uint32_t hash = handle_hash(handle);
+    struct ipcc_proc who;
+    int found = 0;
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
-        struct ipcc_ledger_export *e = export_at(hash, i);
-        int32_t pid = atomic_load(&e->pid);
-        if (!pid || !atomic_load_explicit(&e->ready, memory_order_acquire))
-            continue;
-        owner->pid = pid;
-        owner->zero_pad = 0;
-        owner->start = atomic_load(&e->start);
-        int same = memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0;
-        /* Re-read: the entry may have changed hands while we compared. */
-        if (same && atomic_load(&e->ready) && atomic_load(&e->pid) == pid)
+        uint32_t state = entry_of(export_at(hash, i), handle, &who);
+        if (state == IPCC_EXPORT_LISTED) {
+            *owner = who;
             return 1;
+        }
+        if (state == IPCC_EXPORT_LET_GO && !found) {
+            *owner = who;
+            found = IPCC_LEDGER_LET_GO;
+        }
     }
-    return 0;
+    return found;
 }
 
 /* Walks every listed export (the VMM path, whose importer knows no handle,
@@ -283,12 +318,12 @@ int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const vo
     for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++) {
         struct ipcc_ledger_export *e = &ledger->exports[i];
         int32_t pid = atomic_load(&e->pid);
-        if (!pid || !atomic_load_explicit(&e->ready, memory_order_acquire))
+        if (!pid || atomic_load_explicit(&e->ready, memory_order_acquire) != IPCC_EXPORT_LISTED)
             continue;
         *owner = (struct ipcc_proc){ .pid = pid, .start = atomic_load(&e->start) };
         memcpy(handle, e->handle, IPCC_HANDLE_BYTES);
         /* The copy counts only if the entry did not change hands meanwhile. */
-        if (!atomic_load(&e->ready) || atomic_load(&e->pid) != pid)
+        if (atomic_load(&e->ready) != IPCC_EXPORT_LISTED || atomic_load(&e->pid) != pid)
             continue;
         int verdict = match(owner, handle, arg);
         if (verdict > 0)

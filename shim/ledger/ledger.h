@@ -17,6 +17,10 @@
 IPCC_HIDDEN int ipcc_ledger_ready(void);
 IPCC_HIDDEN int ipcc_ledger_publish(const void *handle);
 IPCC_HIDDEN void ipcc_ledger_unpublish(const void *handle);
+/* ipcc_ledger_owner: 1 listed by *owner; IPCC_LEDGER_LET_GO once *owner
+ * unlisted it (its free is under way); 0 unknown (no exporter with the
+ * library, or an entry taken over since). */
+#define IPCC_LEDGER_LET_GO (-1)
 IPCC_HIDDEN int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner);
 IPCC_HIDDEN int ipcc_ledger_unpublished(void);
 IPCC_HIDDEN int ipcc_ledger_register(void);

@@ -158,7 +158,7 @@ static int unlisted(const struct seen *s, int unused)
 {
     (void)unused;
     struct ipcc_proc owner, who = exporters[s->exporter].who;
-    return !ipcc_ledger_owner(s->handle, &owner) || owner.pid != who.pid ||
+    return ipcc_ledger_owner(s->handle, &owner) != 1 || owner.pid != who.pid ||
            owner.start != who.start;
 }
 
@@ -371,7 +371,10 @@ int ipcc_ledger_import_exporter(const void *handle, struct ipcc_proc *who)
 
 /* Called after a miss whose real open was cached: from now on the exporter
  * of handle rings us when it frees it. Exporters that exited meanwhile lose
- * their idle mappings here. A handle the ledger does not know comes from an
+ * their idle mappings here. A handle its exporter let go of (opened between
+ * its unlisting and its real free) is let go of at once: our mapping, in use,
+ * is doomed, so the program's close frees it, as without the cache. A handle
+ * the ledger does not know comes from an
  * exporter without the library (nothing will ask), unless some exporter
  * could not list its handles: then every exporter's frees ring us. */
 void ipcc_ledger_note_import(const void *handle)
@@ -380,6 +383,10 @@ void ipcc_ledger_note_import(const void *handle)
         return;
     struct ipcc_proc owner;
     int known = ipcc_ledger_owner(handle, &owner);
+    if (known == IPCC_LEDGER_LET_GO) { /* its free is under way: no one will ask */
+        let_go(handle);
+        return;
+    }
     if (!known && !ipcc_ledger_unpublished())
         return;
     int me = my_slot();

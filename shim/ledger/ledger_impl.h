@@ -14,18 +14,23 @@
 
 #include "ledger.h"
 
-#define IPCC_LEDGER_MAGIC 0x33676c6363706969ULL /* "iipccgl3" */
-#define IPCC_LEDGER_NAME "release-ledger-v3"
+#define IPCC_LEDGER_MAGIC 0x34676c6363706969ULL /* "iipccgl4" */
+#define IPCC_LEDGER_NAME "release-ledger-v4"
 /* A fleet of trainers lists a few hundred weights each: kept under half full,
  * a handle's 32 probes never all find their entries taken. */
 #define IPCC_LEDGER_EXPORTS 4096
 #define IPCC_LEDGER_PROBES 32
 #define IPCC_LEDGER_WATCH 16
 
+/* An export entry's ready word. LET_GO: its exporter unlisted the handle
+ * (its free or its context's teardown is under way), so that an importer
+ * opening it now knows not to keep it; any new export may take the entry. */
+enum { IPCC_EXPORT_WRITING, IPCC_EXPORT_LISTED, IPCC_EXPORT_LET_GO };
+
 /* An exported allocation: lets an importer learn whose handle it mapped. */
 struct ipcc_ledger_export {
     _Atomic int32_t pid;          /* 0: free */
-    _Atomic uint32_t ready;       /* handle and start written */
+    _Atomic uint32_t ready;       /* IPCC_EXPORT_*: handle and start written, or let go */
     _Atomic uint64_t start;
     unsigned char handle[IPCC_HANDLE_BYTES];
 };

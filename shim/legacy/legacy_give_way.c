@@ -29,7 +29,7 @@ void ipcc_legacy_way_of(struct ipcc_legacy_way *w, uint64_t ctx_id, const void *
     memset(w, 0, sizeof(*w));
     w->ctx_id = ctx_id;
     memcpy(w->handle, handle, IPCC_HANDLE_BYTES);
-    w->known = ipcc_ledger_owner(handle, &w->exporter);
+    w->known = ipcc_ledger_owner(handle, &w->exporter) == 1;
     w->anyone = !w->known && ipcc_ledger_unpublished();
 }
 

@@ -578,6 +578,40 @@ Test(ghost, mapping_opened_after_the_ask_goes_once_its_export_is_unlisted, .time
     finish(&exp);
 }
 
+/* Whether the ledger still lists the handle written in hex as exported. */
+static int listed(const char *hex)
+{
+    unsigned char h[CU_IPC_HANDLE_SIZE];
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
+        cr_assert_eq(sscanf(hex + 2 * i, "%2hhx", &h[i]), 1);
+    struct ipcc_ledger_file *f = map_ledger(0);
+    int found = 0;
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS && !found; i++)
+        found = atomic_load(&f->exports[i].ready) == IPCC_EXPORT_LISTED &&
+                memcmp(f->exports[i].handle, h, sizeof(h)) == 0;
+    munmap(f, sizeof(*f));
+    return found;
+}
+
+Test(ghost, mapping_opened_between_the_unlisting_and_the_free_is_not_kept, .timeout = 60)
+{
+    /* An importer that opens a handle after its exporter unlisted it, before the real free (a free or a context teardown under way), does not keep the mapping once closed: without the cache that close frees the memory (the old code took the handle for one of an exporter without the library and kept it while the importer lived). */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, ENV("FAKECUDA_SLOW_FREE_MS=4000"));
+    struct exported e = export(&exp, 16 * MIB);
+    char cmd[64];
+    int n = snprintf(cmd, sizeof(cmd), "free %d\n", e.idx);
+    cr_assert_eq(write(exp.in, cmd, (size_t)n), n);
+    long long deadline = now_ms() + 20000;
+    while (listed(e.hex) && now_ms() < deadline)
+        usleep(1000);
+    import(&imp, &e, 1);
+    cr_assert_eq(ok(&exp, reply_to(&exp, cmd, n)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys_settles_at(0), 0), "the closed mapping keeps the freed memory");
+    finish(&imp);
+    finish(&exp);
+}
+
 Test(ghost, unexported_free_is_untouched, .timeout = 40)
 {
     /* An exporter's frees of memory it never exported go straight to the driver and give the bytes back. */
@@ -1565,13 +1599,15 @@ Test(ghost, vmm_each_export_is_told_apart, .timeout = 60)
     finish(&exp);
 }
 
-/* How many of the ledger's export entries name pid. */
+/* How many of the ledger's export entries name pid and hold a listing (a
+ * let-go entry is free to any new export). */
 static int ledger_entries_of(pid_t pid)
 {
     struct ipcc_ledger_file *f = map_ledger(0);
     int n = 0;
     for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
-        n += atomic_load(&f->exports[i].pid) == pid;
+        n += atomic_load(&f->exports[i].pid) == pid &&
+             atomic_load(&f->exports[i].ready) != IPCC_EXPORT_LET_GO;
     munmap(f, sizeof(*f));
     return n;
 }

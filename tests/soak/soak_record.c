@@ -40,7 +40,8 @@ void soak_record_open(struct soak_record *r, const char *out)
                         "exporter_starts,opens,imports\n");
 }
 
-/* Slots of the release ledger in use: importers' and exports' (0 without the file). */
+/* Slots of the release ledger in use: importers' and exports' (0 without the
+ * file). A let-go export entry is free to any new export: not in use. */
 static void ledger_slots(const char *path, int *importers, int *exports)
 {
     *importers = *exports = 0;
@@ -59,7 +60,8 @@ static void ledger_slots(const char *path, int *importers, int *exports)
     for (int i = 0; i < IPCC_LEDGER_IMPORTERS; i++)
         *importers += atomic_load(&l->importers[i].pid) != 0;
     for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
-        *exports += atomic_load(&l->exports[i].pid) != 0;
+        *exports += atomic_load(&l->exports[i].pid) != 0 &&
+                    atomic_load(&l->exports[i].ready) != IPCC_EXPORT_LET_GO;
     munmap((void *)l, sizeof(*l));
 }
 

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Spellings freed by the #undefs above; cuda.h declared only the renamed
@@ -591,9 +592,21 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
     return unlock_ret(CUDA_ERROR_OUT_OF_MEMORY);
 }
 
+/* FAKECUDA_SLOW_FREE_MS above 0: a free waits that long before it acts, to
+ * widen the window between an exporter's last words to the ledger and the
+ * real free (the measured driver's free is quick; the window is real). */
+static void slow_free(void)
+{
+    long ms = env_long("FAKECUDA_SLOW_FREE_MS", 0);
+    struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
+    while (ms > 0 && nanosleep(&t, &t) != 0)
+        ;
+}
+
 CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
     CHECK_DEINIT();
+    slow_free();
     lock();
     int i = alloc_find(dptr, 1);
     if (i >= 0) alloc_release(i);

@@ -207,7 +207,7 @@ Test(ledger, fork_child_is_another_process)
 
 Test(ledger, exported_handle_names_its_exporter)
 {
-    /* A published handle names this process; unpublished or unknown ones name nobody. */
+    /* A published handle names this process; an unknown one nobody; an unpublished one says its exporter let go of it, until it is published again. */
     unsigned char a[IPCC_HANDLE_BYTES], b[IPCC_HANDLE_BYTES];
     struct ipcc_proc who;
     handle_of(a, 1);
@@ -220,7 +220,27 @@ Test(ledger, exported_handle_names_its_exporter)
     cr_assert_eq(ipcc_ledger_owner(b, &who), 0);
     cr_assert_eq(ipcc_ledger_unpublished(), 0);
     ipcc_ledger_unpublish(a);
-    cr_assert_eq(ipcc_ledger_owner(a, &who), 0);
+    cr_assert_eq(ipcc_ledger_owner(a, &who), IPCC_LEDGER_LET_GO);
+    cr_assert_eq(who.pid, getpid());
+    cr_assert_eq(ipcc_ledger_publish(a), 0);
+    cr_assert_eq(ipcc_ledger_owner(a, &who), 1);
+}
+
+Test(ledger, let_go_entries_are_taken_by_new_exports)
+{
+    /* Entries whose live exporter let go of their handle are free for any new export. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++) {
+        atomic_store(&f->exports[i].pid, getppid());
+        atomic_store(&f->exports[i].ready, IPCC_EXPORT_LET_GO);
+    }
+    unsigned char h[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who;
+    handle_of(h, 4);
+    cr_assert_eq(ipcc_ledger_publish(h), 0);
+    cr_assert_eq(ipcc_ledger_owner(h, &who), 1);
+    cr_assert_eq(who.pid, getpid());
 }
 
 Test(ledger, a_fleets_exports_are_all_listed)
