@@ -150,7 +150,7 @@ int ipcc_ledger_ready(void)
 
 /* ---- exported allocations ------------------------------------------------- */
 
-static uint32_t handle_hash(const unsigned char *h)
+uint32_t ipcc_ledger_handle_hash(const unsigned char *h)
 {
     uint32_t x = 2166136261u;
     for (int i = 0; i < IPCC_HANDLE_BYTES; i++)
@@ -177,10 +177,17 @@ static int claim_let_go(struct ipcc_ledger_export *e, int32_t owner, int32_t me)
 
 /* Takes a free entry, a let-go one, or one whose owner died (without a
  * /proc read: a recycled pid only costs an entry until that process ends
- * too). */
-static int claim_export(struct ipcc_ledger_export *e, int32_t me)
+ * too). Pass 0 takes only free entries, pass 1 let-go ones as well: a handle
+ * let go of, or whose exporter died, stays known as such (its memory lives
+ * while someone maps it, and an import of it must not be kept) as long as
+ * the table has room. */
+static int claim_export(struct ipcc_ledger_export *e, int32_t me, int pass)
 {
     int32_t owner = atomic_load(&e->pid);
+    if (owner != 0 && pass == 0)
+        return 0;
+    if (owner != 0 && pass == 1 && atomic_load(&e->ready) != IPCC_EXPORT_LET_GO)
+        return 0;
     if (owner != 0 && atomic_load(&e->ready) == IPCC_EXPORT_LET_GO)
         return claim_let_go(e, owner, me);
     if (owner != 0 && (owner == me || ipcc_proc_alive(owner, 0)))
@@ -198,7 +205,7 @@ static int list_export(const void *handle)
     if (!ipcc_ledger_ready())
         return -1;
     struct ipcc_proc me = ipcc_proc_self();
-    uint32_t hash = handle_hash(handle);
+    uint32_t hash = ipcc_ledger_handle_hash(handle);
     struct ipcc_ledger_export *e;
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
         e = export_at(hash, i);
@@ -206,9 +213,9 @@ static int list_export(const void *handle)
             memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0)
             return 0;
     }
-    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
-        e = export_at(hash, i);
-        if (!claim_export(e, me.pid))
+    for (int k = 0; k < 3 * IPCC_LEDGER_PROBES; k++) {
+        e = export_at(hash, k % IPCC_LEDGER_PROBES);
+        if (!claim_export(e, me.pid, k / IPCC_LEDGER_PROBES))
             continue;
         atomic_store(&e->start, me.start);
         memcpy(e->handle, handle, IPCC_HANDLE_BYTES);
@@ -251,7 +258,7 @@ void ipcc_ledger_unpublish(const void *handle)
     if (!ledger)
         return;
     int32_t me = ipcc_proc_self().pid;
-    uint32_t hash = handle_hash(handle);
+    uint32_t hash = ipcc_ledger_handle_hash(handle);
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
         struct ipcc_ledger_export *e = export_at(hash, i);
         uint32_t listed = IPCC_EXPORT_LISTED;
@@ -285,7 +292,7 @@ int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
 {
     if (!ipcc_ledger_ready())
         return 0;
-    uint32_t hash = handle_hash(handle);
+    uint32_t hash = ipcc_ledger_handle_hash(handle);
     struct ipcc_proc who;
     int found = 0;
     for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
@@ -302,13 +309,30 @@ int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
     return found;
 }
 
+/* Entry e, listed by dead_pid when a scan found it gone, says "let go". A
+ * claim of the entry in the instant between the pid's check and the mark
+ * is undone at once; a let-go taker in that instant leaves the new listing
+ * unlisted, and its importers let go of it within a second (ledger_helper.c). */
+static void let_go_of_dead(struct ipcc_ledger_export *e, int32_t dead_pid)
+{
+    uint32_t state = IPCC_EXPORT_LISTED;
+    if (atomic_load(&e->pid) != dead_pid ||
+        !atomic_compare_exchange_strong(&e->ready, &state, IPCC_EXPORT_LET_GO))
+        return;
+    state = IPCC_EXPORT_LET_GO;
+    if (atomic_load(&e->pid) != dead_pid)
+        atomic_compare_exchange_strong(&e->ready, &state, IPCC_EXPORT_LISTED);
+}
+
 /* Walks every listed export (the VMM path, whose importer knows no handle,
  * only an fd to compare): the first one match() accepts is copied out.
  * Entries of exporters killed before they could unlist would otherwise cost
  * every later scan a system call each, until an export hashed there: match
- * finds them gone and they are freed. Only the pid word is cleared, and only
- * if it still names the dead owner: whoever claimed the entry meanwhile keeps
- * it (a claim resets ready itself). */
+ * finds them gone and they become "let go", as if unlisted: free to any new
+ * export, skipped by later scans, and an import of the handle until then (the
+ * memory lives on while someone maps it) learns its exporter let go of it,
+ * not that it has none with the library. Only if the entry is still the dead
+ * owner's listing: whoever claimed it meanwhile keeps it. */
 int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const void *handle,
                                          void *arg),
                             void *arg, void *handle, struct ipcc_proc *owner)
@@ -329,7 +353,7 @@ int ipcc_ledger_find_export(int (*match)(const struct ipcc_proc *owner, const vo
         if (verdict > 0)
             return 1;
         if (verdict < 0)
-            atomic_compare_exchange_strong(&e->pid, &pid, 0);
+            let_go_of_dead(e, pid);
     }
     return 0;
 }

@@ -82,6 +82,8 @@ _Static_assert(IPCC_LEDGER_IMPORTERS <= 64, "expected is a 64-bit mask");
 
 /* The mapped ledger, or NULL when there is none (ledger.c). */
 IPCC_HIDDEN struct ipcc_ledger_file *ipcc_ledger_file(void);
+/* Where a handle's probe sequence starts (modulo IPCC_LEDGER_EXPORTS). */
+IPCC_HIDDEN uint32_t ipcc_ledger_handle_hash(const unsigned char *h);
 
 /* Whether importer slot s, owned by the live process pid, can answer: its
  * helper thread was named and still lives, run yet or not (an exec() ends

@@ -243,6 +243,27 @@ Test(ledger, let_go_entries_are_taken_by_new_exports)
     cr_assert_eq(who.pid, getpid());
 }
 
+Test(ledger, let_go_handle_stays_known_while_a_free_entry_is_near)
+{
+    /* The soak's pinned memory: a new export took the entry of a handle just let go of, while a free one was next to it; an import of the let-go handle then (its memory lives while someone maps it) was unknown, and kept as one of an exporter without the library. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    unsigned char a[IPCC_HANDLE_BYTES], b[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who;
+    handle_of(a, 7);
+    uint32_t at = ipcc_ledger_handle_hash(a) % IPCC_LEDGER_EXPORTS;
+    uint32_t n = 0;
+    do { /* a handle whose probe sequence starts at a's entry */
+        handle_of(b, 8);
+        memcpy(b + 1, &n, sizeof(n));
+        n++;
+    } while (ipcc_ledger_handle_hash(b) % IPCC_LEDGER_EXPORTS != at);
+    cr_assert_eq(ipcc_ledger_publish(a), 0);
+    ipcc_ledger_unpublish(a);
+    cr_assert_eq(ipcc_ledger_publish(b), 0);
+    cr_assert_eq(ipcc_ledger_owner(b, &who), 1);
+    cr_assert_eq(ipcc_ledger_owner(a, &who), IPCC_LEDGER_LET_GO, "the let-go entry was taken");
+}
+
 Test(ledger, a_fleets_exports_are_all_listed)
 {
     /* Eight trainers of 250 weights each (the soak's fleet lists about 1,000): every handle is listed, and importers need not listen to every exporter. The old table of 1,024 entries filled at 95%, and the handles it could not list were never let go at their exporter's death. */
@@ -314,7 +335,25 @@ Test(ledger, scan_frees_entries_of_exporters_gone)
     cr_assert_eq(ipcc_ledger_find_export(gone_or_other, NULL, tag, &owner), 0);
     cr_assert_eq(scans, 50, "%d entries asked again", scans);
     for (int i = 0; i < 100; i++)
-        cr_assert_eq(atomic_load(&f->exports[i].pid), i % 2 ? 0 : getppid());
+        cr_assert_eq(atomic_load(&f->exports[i].ready), i % 2 ? IPCC_EXPORT_LET_GO : 1);
+}
+
+Test(ledger, scan_leaves_a_gone_exporters_handles_let_go)
+{
+    /* The soak's pinned memory: a killed exporter's handle, still mapped elsewhere (so an open of it works), was opened after a VMM scan had cleared its entry; unknown, the mapping was kept for an exporter without the library. Let go, it is closed as without the cache. */
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    unsigned char h[IPCC_HANDLE_BYTES], tag[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who, owner;
+    handle_of(h, 5);
+    cr_assert_eq(ipcc_ledger_publish(h), 0);
+    gone_pid = getpid(); /* the scan's match says this exporter is gone */
+    cr_assert_eq(ipcc_ledger_find_export(gone_or_other, NULL, tag, &owner), 0);
+    cr_assert_eq(ipcc_ledger_owner(h, &who), IPCC_LEDGER_LET_GO);
+    cr_assert_eq(who.pid, getpid());
+    handle_of(h, 6); /* and its entry is free for a new export */
+    gone_pid = 0;
+    cr_assert_eq(ipcc_ledger_publish(h), 0);
+    cr_assert_eq(ipcc_ledger_owner(h, &who), 1);
 }
 
 Test(ledger, unlisted_vmm_tag_leaves_importers_as_they_are, .timeout = 10)
