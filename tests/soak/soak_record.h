@@ -10,7 +10,8 @@
  *
  * machine.csv: t_s; phys_bytes, what the stand-in's memory still holds
  * (allocated, or freed and still mapped); ledger_importers and
- * ledger_exports, the release ledger's slots in use; exporters_alive,
+ * ledger_exports, the release ledger's slots in use (exports: listed by a
+ * live process); exporters_alive,
  * exporter_starts; opens and imports, the fleet's totals.
  */
 #ifndef IPCCACHE_TESTS_SOAK_RECORD_H
