@@ -104,6 +104,7 @@ static void let_go(const unsigned char *handle)
         let_go_of_kind[k](handle);
     struct seen *s;
     ipcc_lock();
+    ipcc_ledger_remember_let_go(handle);
     HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
     if (s)
         forget_seen(s, 1);
@@ -373,7 +374,8 @@ int ipcc_ledger_import_exporter(const void *handle, struct ipcc_proc *who)
  * of handle rings us when it frees it. Exporters that exited meanwhile lose
  * their idle mappings here. A handle its exporter let go of (opened between
  * its unlisting and its real free) is let go of at once: our mapping, in use,
- * is doomed, so the program's close frees it, as without the cache. A handle
+ * is doomed, so the program's close frees it, as without the cache; so is one
+ * we let go of before that the ledger no longer knows. A handle
  * the ledger does not know comes from an
  * exporter without the library (nothing will ask), unless some exporter
  * could not list its handles: then every exporter's frees ring us. */
@@ -383,6 +385,12 @@ void ipcc_ledger_note_import(const void *handle)
         return;
     struct ipcc_proc owner;
     int known = ipcc_ledger_owner(handle, &owner);
+    if (!known) {
+        ipcc_lock();
+        if (ipcc_ledger_was_let_go(handle))
+            known = IPCC_LEDGER_LET_GO; /* freed, its entry taken over since */
+        ipcc_unlock();
+    }
     if (known == IPCC_LEDGER_LET_GO) { /* its free is under way: no one will ask */
         let_go(handle);
         return;

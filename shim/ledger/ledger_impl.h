@@ -85,6 +85,11 @@ IPCC_HIDDEN struct ipcc_ledger_file *ipcc_ledger_file(void);
 /* Where a handle's probe sequence starts (modulo IPCC_LEDGER_EXPORTS). */
 IPCC_HIDDEN uint32_t ipcc_ledger_handle_hash(const unsigned char *h);
 
+/* ledger_let_go_ring.c: fingerprints of the handles this importer let go
+ * of (table lock held). */
+IPCC_HIDDEN int ipcc_ledger_was_let_go(const unsigned char *handle);
+IPCC_HIDDEN void ipcc_ledger_remember_let_go(const unsigned char *handle);
+
 /* Whether importer slot s, owned by the live process pid, can answer: its
  * helper thread was named and still lives, run yet or not (an exec() ends
  * it and keeps the slot). */

@@ -612,6 +612,45 @@ Test(ghost, mapping_opened_between_the_unlisting_and_the_free_is_not_kept, .time
     finish(&exp);
 }
 
+/* Frees the ledger's entries of the handle written in hex, as when a later
+ * export took them over: the ledger no longer knows the handle. */
+static void unlist_entirely(const char *hex)
+{
+    unsigned char h[CU_IPC_HANDLE_SIZE];
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
+        cr_assert_eq(sscanf(hex + 2 * i, "%2hhx", &h[i]), 1);
+    struct ipcc_ledger_file *f = map_ledger(1);
+    int found = 0;
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+        if (memcmp(f->exports[i].handle, h, sizeof(h)) == 0) {
+            atomic_store(&f->exports[i].pid, 0);
+            atomic_store(&f->exports[i].ready, IPCC_EXPORT_WRITING);
+            found = 1;
+        }
+    munmap(f, sizeof(*f));
+    cr_assert(found, "the ledger never listed the handle");
+}
+
+Test(ghost, handle_let_go_of_and_reopened_after_its_entry_went_is_not_kept, .timeout = 60)
+{
+    /* An importer that let go of a handle at its free, and opens it again while another importer still maps the memory after the ledger's entry of it was taken over, does not keep its mapping once closed: it remembers what it let go of (the old code took the handle for one of an exporter without the library and kept the memory while the importer lived: the soak's pinned memory). */
+    struct peer exp, a, b;
+    start(&exp, "exporter", NULL);
+    start(&a, "importer_a", NULL);
+    start(&b, "importer_b", NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    import(&a, &e, 1);
+    int held = import(&b, &e, 0);
+    free_exported(&exp, &e);
+    unlist_entirely(e.hex);
+    import(&a, &e, 1);
+    cr_assert_eq(ok(&b, ask(&b, "close %d", held)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys_settles_at(0), 0), "the importer that let go keeps the memory");
+    finish(&a);
+    finish(&b);
+    finish(&exp);
+}
+
 Test(ghost, unexported_free_is_untouched, .timeout = 40)
 {
     /* An exporter's frees of memory it never exported go straight to the driver and give the bytes back. */

@@ -1,0 +1,44 @@
+/*
+ * ledger_let_go_ring.c - the handles this importer let go of (asked by their
+ * exporter, or at its death), as 64-bit fingerprints in a fixed ring: the
+ * oldest goes first. A later import of such a handle that the ledger no
+ * longer knows (its entry was taken over while another importer kept the
+ * memory mapped) is of freed memory, not of an exporter without the
+ * library: ledger_helper.c lets it go at once. A false match only costs a
+ * cache hit. Under the table lock; a fork child keeps its copy (harmless).
+ */
+#include <stdint.h>
+
+#include "ledger_impl.h"
+
+#define RING 4096 /* 32 KiB */
+
+static uint64_t ring[RING];
+static unsigned next;
+
+static uint64_t fingerprint(const unsigned char *h)
+{
+    uint64_t x = 14695981039346656037ull;
+    for (int i = 0; i < IPCC_HANDLE_BYTES; i++)
+        x = (x ^ h[i]) * 1099511628211ull;
+    return x | 1; /* 0 marks an empty place */
+}
+
+/* Lock held. */
+int ipcc_ledger_was_let_go(const unsigned char *handle)
+{
+    uint64_t f = fingerprint(handle);
+    for (unsigned i = 0; i < RING; i++)
+        if (ring[i] == f)
+            return 1;
+    return 0;
+}
+
+/* Lock held. */
+void ipcc_ledger_remember_let_go(const unsigned char *handle)
+{
+    if (ipcc_ledger_was_let_go(handle))
+        return;
+    ring[next] = fingerprint(handle);
+    next = (next + 1) % RING;
+}
