@@ -1,7 +1,8 @@
 /*
- * keyset.c - a small set of 64-byte keys: the allocations (legacy handles,
- * VMM export tags) an exporter freed while the program still used them, so
- * that the program's last release of one really lets it go.
+ * keyset.c - a small set of 64-byte keys: the VMM export tags an exporter
+ * freed while the program still used them, so that the program's last
+ * release of one really lets it go (legacy mappings carry that mark in
+ * their table entry instead).
  *
  * Fixed size: a set that is full refuses (that allocation then stays mapped
  * until eviction or exit, as without the release ledger). Changes happen

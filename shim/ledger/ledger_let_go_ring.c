@@ -14,7 +14,8 @@
 #define RING 4096 /* 32 KiB */
 
 static uint64_t ring[RING];
-static unsigned next;
+static unsigned next, used; /* used: places filled, so an importer that never
+                             * let go of anything scans none on a miss */
 
 static uint64_t fingerprint(const unsigned char *h)
 {
@@ -28,7 +29,7 @@ static uint64_t fingerprint(const unsigned char *h)
 int ipcc_ledger_was_let_go(const unsigned char *handle)
 {
     uint64_t f = fingerprint(handle);
-    for (unsigned i = 0; i < RING; i++)
+    for (unsigned i = 0; i < used; i++)
         if (ring[i] == f)
             return 1;
     return 0;
@@ -41,4 +42,6 @@ void ipcc_ledger_remember_let_go(const unsigned char *handle)
         return;
     ring[next] = fingerprint(handle);
     next = (next + 1) % RING;
+    if (used < RING)
+        used++;
 }
