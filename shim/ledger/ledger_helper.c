@@ -95,13 +95,15 @@ static void forget_seen(struct seen *s, int unwatch)
 }
 
 /* The exporter freed (or took with it) the allocation behind handle: each
- * kind closes its idle mappings of it (a VMM export's tag, a legacy handle). */
+ * kind closes its idle mappings of it (a VMM export's tag, a legacy handle).
+ * Its record goes first: a thread of the program that opens the handle
+ * again while we close (the driver still maps it for us) records it anew,
+ * and that record must outlive this let-go, or nothing would ever let go
+ * of the new mapping. */
 static void let_go(const unsigned char *handle)
 {
     if (atomic_load(&exiting))
         return;
-    for (int k = 0; k < MAX_KINDS && let_go_of_kind[k]; k++)
-        let_go_of_kind[k](handle);
     struct seen *s;
     ipcc_lock();
     ipcc_ledger_remember_let_go(handle);
@@ -109,6 +111,8 @@ static void let_go(const unsigned char *handle)
     if (s)
         forget_seen(s, 1);
     ipcc_unlock();
+    for (int k = 0; k < MAX_KINDS && let_go_of_kind[k]; k++)
+        let_go_of_kind[k](handle);
 }
 
 /* ---- exporters that exited, handles unlisted --------------------------- */

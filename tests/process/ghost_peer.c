@@ -27,6 +27,10 @@
  *                    that created the held helper went to sleep since (-1:
  *                    none held): "ok N"
  *   release_helper   lets the held helper thread start: "ok 0"
+ *   reopen_at_push HEX  the next cuCtxPushCurrent of any thread (the release
+ *                    helper's, closing for the library) first opens HEX on
+ *                    that thread, in the primary context: "ok 0"
+ *   reopened         the index that open gave (-1: not yet, or it failed): "ok IDX"
  *
  * Context teardown (the exporter's allocations in that context go with it):
  *   ctx_create       cuCtxCreate on device 0, made current: "ok RC"
@@ -60,6 +64,7 @@
 #include <errno.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <sched.h>
 #include <sys/prctl.h>
@@ -185,6 +190,31 @@ static void cmd_open(const char *arg)
     if (rc != CUDA_SUCCESS)
         return reply("err %lld", rc);
     reply("ok %lld", keep(p));
+}
+
+/* A re-open from inside the library's close: the program's other thread
+ * opening the handle again while the helper lets go of it. */
+static CUipcMemHandle reopen_handle;
+static _Atomic int reopened_at = -1;
+
+static void reopen_now(void *unused)
+{
+    (void)unused;
+    CUcontext previous = NULL;
+    CUdeviceptr p = 0;
+    cuCtxGetCurrent(&previous);
+    cuCtxSetCurrent(ctxs[0]);
+    if (cuIpcOpenMemHandle(&p, reopen_handle, LAZY) == CUDA_SUCCESS)
+        atomic_store(&reopened_at, keep(p));
+    cuCtxSetCurrent(previous);
+}
+
+static void cmd_reopen_at_push(const char *arg)
+{
+    if (parse_hex(arg, &reopen_handle) < 0)
+        return reply("err %lld", CUDA_ERROR_INVALID_VALUE);
+    fakecuda_on_next_push(reopen_now, NULL);
+    reply("ok %lld", 0);
 }
 
 static void cmd_fork_free(const char *arg)
@@ -496,6 +526,10 @@ static void dispatch(char *cmd, char *arg)
         cmd_hold("helper_hold_waits");
     else if (strcmp(cmd, "release_helper") == 0)
         cmd_hold("helper_hold_release");
+    else if (strcmp(cmd, "reopen_at_push") == 0)
+        cmd_reopen_at_push(arg);
+    else if (strcmp(cmd, "reopened") == 0)
+        reply("ok %lld", atomic_load(&reopened_at));
     else if (strcmp(cmd, "ctx_create") == 0)
         cmd_ctx_create();
     else if (strcmp(cmd, "ctx_destroy") == 0)

@@ -381,6 +381,29 @@ Test(ghost, exporter_exit_releases_at_the_next_miss, .timeout = 40)
     finish(&other);
 }
 
+Test(ghost, reopen_while_a_dead_exporter_is_let_go_stays_known, .timeout = 60)
+{
+    /* The exporter died (a zombie: its parent has not reaped it yet); while the importer's helper
+     * closes its idle mapping, another thread opens the handle again. That mapping must still be
+     * known as the dead exporter's, so it goes after its close like the first. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    cr_assert_eq(ok(&imp, ask(&imp, "reopen_at_push %s", e.hex)), 0);
+    kill(exp.pid, SIGKILL);
+    long long deadline = now_ms() + 20000, idx = -1;
+    while ((idx = ok(&imp, ask(&imp, "reopened"))) < 0 && now_ms() < deadline)
+        usleep(10000);
+    cr_assert_geq(idx, 0, "the helper never closed the dead exporter's mapping");
+    waitpid(exp.pid, NULL, 0);
+    close(exp.in);
+    close(exp.out);
+    cr_assert_eq(ok(&imp, ask(&imp, "close %lld", idx)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys_settles_at(0), 0), "the re-opened mapping of a dead exporter stays");
+    finish(&imp);
+}
+
 Test(ghost, no_ledger_frees_as_before, .timeout = 40)
 {
     /* Without a usable per-user directory the free works as without the ledger and the idle mapping stays. */
