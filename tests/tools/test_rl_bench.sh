@@ -271,5 +271,89 @@ expect "report: where a sync goes" "$tmp/report.out" '^\| vllm-tensor \| legacy 
 echo '{"kind": "sync", "results": []}' >"$tmp/other.json"
 run mixed report "$tmp/rl_A1.json" "$tmp/other.json"
 expect_status "report: another bench's file is refused" $? 2
+run mixedtl timeline "$tmp/other.json"
+expect_status "timeline: another bench's file is refused" $? 2
+run tp0 run --tp 0
+expect_status "--tp 0 is a usage error" $? 2
+
+# ---- --tp N: placement, cases, the ranks' answers, their summary ---------------
+PYTHONPATH=$root/tools/bench/rl "$PY" - "$tmp" >"$tmp/tp.out" 2>&1 <<'EOF'
+import json, os, sys, threading, types
+import multiprocessing as mp
+import rl_bench as r
+d = sys.argv[1]
+G = 1 << 30
+assert r.rank_gpus(1, 1) == [0] and r.rank_gpus(2, 1) == [0, 0] and r.rank_gpus(2, 2) == [0, 1], "placement"
+assert r.rank_gpus(3, 2) == [0, 1, 0] and r.rank_gpus(2, 0) == [0, 0], "placement"
+run, skip = r.split_cases(list(r.CASES), [0, 0])
+assert run == list(r.CASES) and skip == {}, (run, skip)
+run, skip = r.split_cases(list(r.CASES), [0, 1])
+assert run == ["verl"] and sorted(skip) == ["openrlhf", "vllm-packed", "vllm-tensor"], (run, skip)
+assert "own GPU's UUID" in skip["openrlhf"], skip
+
+# The trainer's fan-out over real pipes: every rank gets the message, each answers.
+links, seen = [], []
+for rank in range(2):
+    mine, theirs = mp.Pipe()
+    def serve(conn=theirs, rank=rank):
+        msg = conn.recv()
+        seen.append((rank, msg))
+        conn.send(f"ok {rank}")
+    threading.Thread(target=serve, daemon=True).start()
+    links.append(r.Link(mine, 10))
+assert r.call_all(links, ("begin", True)) == ["ok 0", "ok 1"]
+assert sorted(seen) == [(0, ("begin", True)), (1, ("begin", True))], seen
+
+# The ranks' end replies into a record: rank 1 wrong at sync 1.
+want = [1, 2, 3]
+def end(rank, i, opens):
+    stats = {k: 0 for k in r.COUNTERS}
+    stats.update(opens=opens * (i + 1), hits=(opens - 1) * (i + 1))
+    return {"sums": want if (rank, i) != (1, 1) else [9], "free": (120 + rank) * G, "reserved": 7 * G,
+            "fds": 60 + rank, "phases": {"rebuild_ms": 1.0 + rank}, "stats": stats}
+prev = [None, None]
+recs = []
+for i in range(3):
+    rec = r.rank_fields(want, [end(0, i, 10), end(1, i, 20)], prev)
+    rec.update(step_ms=100.0 + i, trainer_free=100 * G, trainer_reserved=0, trainer_fds=50)
+    recs.append(rec)
+assert recs[0]["values_ok"] and not recs[1]["values_ok"] and recs[2]["values_ok"], recs
+assert recs[1]["ranks"][0]["values_ok"] and not recs[1]["ranks"][1]["values_ok"]
+assert recs[2]["engine_delta"]["opens"] == 10 and recs[2]["ranks"][1]["delta"]["opens"] == 20, recs[2]
+assert recs[0]["engine_free"] == 120 * G and recs[0]["phases"] == {"rebuild_ms": 1.0}
+one = r.rank_fields(want, [end(0, 0, 10)], [None])
+assert "ranks" not in one and one["values_ok"], one
+one.update(step_ms=1.0, trainer_free=100 * G)
+s = r.summarize(recs, 1)
+assert s["tp"] == 2 and s["rank_bad_syncs"] == [[], [1]] and s["bad_syncs"] == [1], s
+assert s["rank_free_last_gib"] == [120.0, 121.0], s
+assert s["rank_per_sync"][1]["opens"] == 20 and s["rank_per_sync"][1]["hits"] == 19, s
+assert "tp" not in r.summarize([one], 0)
+
+# The report's files: the same cell three times, a case not run.
+for label in ("A1", "B", "A2"):
+    json.dump({"kind": "rl", "label": label, "args": {"tp": 2}, "results": [
+        {"alloc": "legacy", "case": "verl", "error": None, "summary": {"idle": s}},
+        {"alloc": "legacy", "case": "openrlhf", "error": None, "skipped": skip["openrlhf"], "summary": {}}]},
+        open(f"{d}/tp_{label}.json", "w"))
+
+# The outcomes for make peer: the tp in the id, a case not run is skipped.
+os.environ["PEER_RECORD"] = f"{d}/tp.tsv"
+args = types.SimpleNamespace(states=["idle"], tp=2)
+r.record_outcomes(args, {"alloc": "legacy", "case": "openrlhf", "error": None, "skipped": "why", "summary": {}})
+r.record_outcomes(args, {"alloc": "legacy", "case": "verl", "error": None, "summary": {"idle": s}})
+lines = open(f"{d}/tp.tsv").read().splitlines()
+assert lines == ["rl::legacy::openrlhf::idle::tp2\tskipped", "rl::legacy::verl::idle::tp2\tfailed"], lines
+print("tp: fine")
+EOF
+expect "tp: placement, the cases a rank off GPU 0 allows, fan-out, every rank's values, its summary, outcomes" \
+    "$tmp/tp.out" '^tp: fine$'
+run tpreport report "$tmp/tp_A1.json" "$tmp/tp_B.json" "$tmp/tp_A2.json"
+expect "tp report: the tp in the case's name" "$tmp/tpreport.out" \
+    '^\| verl tp 2 \| legacy \| idle \| 101.0 / \*\*101.0\*\* / 101.0 \|'
+expect "tp report: rank 1's counters" "$tmp/tpreport.out" \
+    '^\| verl tp 2, rank 1 \| legacy \| idle \| 20 / 19 \| 0 / 0 \| 0 / 0 \| 0 \|'
+expect "tp report: a case not run is said, with why" "$tmp/tpreport.out" \
+    "^- openrlhf, legacy: not run: an engine rank on GPU 1 looks up the handle of its own GPU's UUID"
 
 tap_summary rl-bench
