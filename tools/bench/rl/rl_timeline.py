@@ -195,12 +195,21 @@ def _label(r):
     return r["name"] + (f" x{r['count']:g}" if r["count"] and r["count"] > 1 else "")
 
 
+# At most this many events a cell (OpenRLHF's 434 calls a sync): the longest.
+MAX_ROWS = 80
+
+
 def report_cell(title, timelines, min_ms):
     rows = median_timeline(timelines)
     if not rows:
         return []
+    left = []
+    if len(rows) > MAX_ROWS:
+        kept = sorted(rows, key=lambda r: -r["ms"])[:MAX_ROWS]
+        left = [f"({len(rows) - MAX_ROWS} events shorter than {kept[-1]['ms']:.2f} ms left out)", ""]
+        rows = sorted(kept, key=lambda r: (r["start"], -r["ms"]))
     procs = sorted({r["proc"] for r in rows}, key=lambda p: (p != "trainer", p))
-    lines = [f"### {title}: the median sync of {len(timelines)}, ms from its start", "",
+    lines = [f"### {title}: the median sync of {len(timelines)}, ms from its start", "", *left,
              "| start | ms | " + " | ".join(procs) + " |", "| --- | --- | " + " | ".join("---" for _ in procs) + " |"]
     for r in rows:
         cells = [_label(r) if p == r["proc"] else "" for p in procs]
