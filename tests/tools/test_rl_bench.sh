@@ -271,5 +271,245 @@ expect "report: where a sync goes" "$tmp/report.out" '^\| vllm-tensor \| legacy 
 echo '{"kind": "sync", "results": []}' >"$tmp/other.json"
 run mixed report "$tmp/rl_A1.json" "$tmp/other.json"
 expect_status "report: another bench's file is refused" $? 2
+run mixedtl timeline "$tmp/other.json"
+expect_status "timeline: another bench's file is refused" $? 2
+run tp0 run --tp 0
+expect_status "--tp 0 is a usage error" $? 2
+
+# ---- --tp N: placement, cases, the ranks' answers, their summary ---------------
+PYTHONPATH=$root/tools/bench/rl "$PY" - "$tmp" >"$tmp/tp.out" 2>&1 <<'EOF'
+import json, os, sys, threading, types
+import multiprocessing as mp
+import rl_bench as r
+d = sys.argv[1]
+G = 1 << 30
+assert r.rank_gpus(1, 1) == [0] and r.rank_gpus(2, 1) == [0, 0] and r.rank_gpus(2, 2) == [0, 1], "placement"
+assert r.rank_gpus(3, 2) == [0, 1, 0] and r.rank_gpus(2, 0) == [0, 0], "placement"
+run, skip = r.split_cases(list(r.CASES), [0, 0])
+assert run == list(r.CASES) and skip == {}, (run, skip)
+run, skip = r.split_cases(list(r.CASES), [0, 1])
+assert run == ["verl"] and sorted(skip) == ["openrlhf", "vllm-packed", "vllm-tensor"], (run, skip)
+assert "own GPU's UUID" in skip["openrlhf"], skip
+
+# The trainer's fan-out over real pipes: every rank gets the message, each answers.
+links, seen = [], []
+for rank in range(2):
+    mine, theirs = mp.Pipe()
+    def serve(conn=theirs, rank=rank):
+        msg = conn.recv()
+        seen.append((rank, msg))
+        conn.send(f"ok {rank}")
+    threading.Thread(target=serve, daemon=True).start()
+    links.append(r.Link(mine, 10))
+assert r.call_all(links, ("begin", True)) == ["ok 0", "ok 1"]
+assert sorted(seen) == [(0, ("begin", True)), (1, ("begin", True))], seen
+
+# The ranks' end replies into a record: rank 1 wrong at sync 1.
+want = [1, 2, 3]
+def end(rank, i, opens):
+    stats = {k: 0 for k in r.COUNTERS}
+    stats.update(opens=opens * (i + 1), hits=(opens - 1) * (i + 1))
+    return {"sums": want if (rank, i) != (1, 1) else [9], "free": (120 + rank) * G, "reserved": 7 * G,
+            "fds": 60 + rank, "phases": {"rebuild_ms": 1.0 + rank}, "stats": stats}
+prev = [None, None]
+recs = []
+for i in range(3):
+    rec = r.rank_fields(want, [end(0, i, 10), end(1, i, 20)], prev)
+    rec.update(step_ms=100.0 + i, trainer_free=100 * G, trainer_reserved=0, trainer_fds=50)
+    recs.append(rec)
+assert recs[0]["values_ok"] and not recs[1]["values_ok"] and recs[2]["values_ok"], recs
+assert recs[1]["ranks"][0]["values_ok"] and not recs[1]["ranks"][1]["values_ok"]
+assert recs[2]["engine_delta"]["opens"] == 10 and recs[2]["ranks"][1]["delta"]["opens"] == 20, recs[2]
+assert recs[0]["engine_free"] == 120 * G and recs[0]["phases"] == {"rebuild_ms": 1.0}
+one = r.rank_fields(want, [end(0, 0, 10)], [None])
+assert "ranks" not in one and one["values_ok"], one
+one.update(step_ms=1.0, trainer_free=100 * G)
+s = r.summarize(recs, 1)
+assert s["tp"] == 2 and s["rank_bad_syncs"] == [[], [1]] and s["bad_syncs"] == [1], s
+assert s["rank_free_last_gib"] == [120.0, 121.0], s
+assert s["rank_per_sync"][1]["opens"] == 20 and s["rank_per_sync"][1]["hits"] == 19, s
+assert "tp" not in r.summarize([one], 0)
+
+# The report's files: the same cell three times, a case not run.
+for label in ("A1", "B", "A2"):
+    json.dump({"kind": "rl", "label": label, "args": {"tp": 2}, "results": [
+        {"alloc": "legacy", "case": "verl", "error": None, "summary": {"idle": s}},
+        {"alloc": "legacy", "case": "openrlhf", "error": None, "skipped": skip["openrlhf"], "summary": {}}]},
+        open(f"{d}/tp_{label}.json", "w"))
+
+# The outcomes for make peer: the tp in the id, a case not run is skipped.
+os.environ["PEER_RECORD"] = f"{d}/tp.tsv"
+args = types.SimpleNamespace(states=["idle"], tp=2)
+r.record_outcomes(args, {"alloc": "legacy", "case": "openrlhf", "error": None, "skipped": "why", "summary": {}})
+r.record_outcomes(args, {"alloc": "legacy", "case": "verl", "error": None, "summary": {"idle": s}})
+lines = open(f"{d}/tp.tsv").read().splitlines()
+assert lines == ["rl::legacy::openrlhf::idle::tp2\tskipped", "rl::legacy::verl::idle::tp2\tfailed"], lines
+print("tp: fine")
+EOF
+expect "tp: placement, the cases a rank off GPU 0 allows, fan-out, every rank's values, its summary, outcomes" \
+    "$tmp/tp.out" '^tp: fine$'
+run tpreport report "$tmp/tp_A1.json" "$tmp/tp_B.json" "$tmp/tp_A2.json"
+expect "tp report: the tp in the case's name" "$tmp/tpreport.out" \
+    '^\| verl tp 2 \| legacy \| idle \| 101.0 / \*\*101.0\*\* / 101.0 \|'
+expect "tp report: rank 1's counters" "$tmp/tpreport.out" \
+    '^\| verl tp 2, rank 1 \| legacy \| idle \| 20 / 19 \| 0 / 0 \| 0 / 0 \| 0 \|'
+expect "tp report: a case not run is said, with why" "$tmp/tpreport.out" \
+    "^- openrlhf, legacy: not run: an engine rank on GPU 1 looks up the handle of its own GPU's UUID"
+
+# ---- --timeline: the stamps of two processes, the report's arithmetic ---------
+# A stand-in torch with the calls the projects make (each a short sleep) and a
+# stand-in zmq whose sugar Socket is a Python class over a local socket, as
+# pyzmq's is; verl's shape of a sync played by a trainer and an engine process.
+mkdir -p "$tmp/tl/torch/multiprocessing" "$tmp/tl/zmq"
+cat >"$tmp/tl/torch/__init__.py" <<'EOF'
+import time, types
+def _nap(ms):
+    def call(*a, **kw):
+        time.sleep(ms / 1000)
+    return call
+cuda = types.SimpleNamespace(synchronize=_nap(2), ipc_collect=_nap(1), empty_cache=_nap(30))
+accelerator = types.SimpleNamespace(synchronize=_nap(1))
+distributed = types.SimpleNamespace(barrier=_nap(1), all_gather_object=_nap(1))
+def empty(*a, **kw):
+    return bytearray(16)
+EOF
+cat >"$tmp/tl/torch/multiprocessing/reductions.py" <<'EOF'
+def reduce_tensor(t):
+    return ("rebuild", (len(t),))
+EOF
+cat >"$tmp/tl/zmq/__init__.py" <<'EOF'
+import pickle
+from multiprocessing.connection import Client, Listener
+REQ, REP = 3, 4
+class Socket:
+    def bind(self, path):
+        self.conn = Listener(path).accept()
+    def connect(self, path):
+        self.conn = Client(path)
+    def send(self, data):
+        self.conn.send_bytes(data)
+    def recv(self):
+        return self.conn.recv_bytes()
+    def send_pyobj(self, obj):
+        self.send(pickle.dumps(obj))
+    def recv_pyobj(self):
+        return pickle.loads(self.recv())
+EOF
+cat >"$tmp/tl/stamps.py" <<'EOF'
+import multiprocessing as mp, os, sys, time
+import rl_timeline as tlm
+path = os.path.join(sys.argv[1], "tl.sock")
+
+def engine(q):
+    import torch, zmq
+    rec = tlm.Recorder()
+    tlm.install_torch(rec, torch)
+    tlm.install_zmq(rec)
+    while not os.path.exists(path):
+        time.sleep(0.001)
+    s = zmq.Socket()
+    s.connect(path)
+    s.recv_pyobj()                     # the bucket's handle
+    s.send(b"")
+    torch.cuda.synchronize()
+    s.recv_pyobj()                     # the last bucket
+    torch.cuda.empty_cache()
+    s.send(b"")
+    q.put(rec.take())
+
+if __name__ == "__main__":  # the trainer; spawn imports this file in the engine
+    import torch, zmq
+    rec = tlm.Recorder()
+    tlm.install_torch(rec, torch)
+    tlm.install_zmq(rec)
+    assert not rec.wrap(torch.cuda, "synchronize"), "wrapped twice"
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=engine, args=(q,))
+    p.start()
+    t0 = time.monotonic_ns()
+    s = zmq.Socket()
+    s.bind(path)
+    buf = torch.empty(1 << 31)
+    torch.empty(16)                        # small: not a bucket, not recorded
+    import torch.multiprocessing.reductions as red
+    s.send_pyobj(red.reduce_tensor(buf))
+    s.recv()
+    for _ in range(3):
+        red.reduce_tensor(buf)
+    torch.cuda.synchronize()
+    s.send_pyobj({"is_last": True})
+    s.recv()
+    torch.cuda.ipc_collect()
+    torch.cuda.empty_cache()
+    rec.add("sync", t0)
+    trainer = rec.take()
+    eng = q.get(timeout=30)
+    p.join(30)
+    names = [e[0] for e in trainer]
+    assert names == ["sync", "torch.empty (large)", "reduce_tensor", "zmq.send_pyobj", "zmq.recv", "reduce_tensor",
+                     "cuda.synchronize",
+                     "zmq.send_pyobj", "zmq.recv", "cuda.ipc_collect", "cuda.empty_cache"], names
+    assert [e[0] for e in eng] == ["zmq.recv_pyobj", "zmq.send", "cuda.synchronize", "zmq.recv_pyobj",
+                                   "cuda.empty_cache", "zmq.send"], eng
+    for spans in (trainer[1:], eng):
+        assert all(a[1] <= a[2] <= b[1] for a, b in zip(spans, spans[1:])), spans   # in order, none overlapping
+    red3 = trainer[5]
+    assert red3[3] == 3 and 0 < red3[4] <= red3[2] - red3[1], red3   # three in a row: one entry, their time summed
+    # One clock: the engine's first receive ends after the trainer's send began; its
+    # last send (the ack) ends after the trainer's last receive began.
+    assert eng[0][2] >= trainer[3][1] and eng[-1][2] >= trainer[8][1], (eng, trainer)
+    assert trainer[-1][2] - trainer[-1][1] >= 30e6, trainer[-1]
+    print("stamps: fine")
+EOF
+PYTHONPATH=$root/tools/bench/rl:$tmp/tl timeout 60 "$PY" "$tmp/tl/stamps.py" "$tmp" >"$tmp/tl.out" 2>&1
+expect "timeline: two processes' stamps in order on one clock, nested zmq calls once, runs collapsed" \
+    "$tmp/tl.out" '^stamps: fine$'
+
+PYTHONPATH=$root/tools/bench/rl "$PY" - "$tmp" >"$tmp/tlr.out" 2>&1 <<'EOF'
+import json, sys
+import rl_timeline as tlm
+d = sys.argv[1]
+M = 1_000_000  # ns per ms
+def sync(t0, cleanup_ms, recv_ms):
+    # trainer: its sync, 434 reduce_tensor, its cleanup's empty_cache; engine: a long receive
+    return {"t0": t0,
+            "trainer": [["sync", t0, t0 + 100 * M, 1, 100 * M],
+                        ["reduce_tensor", t0 + 1 * M, t0 + 5 * M, 434, 3 * M],
+                        ["cuda.empty_cache", t0 + 60 * M, t0 + (60 + cleanup_ms) * M, 1, cleanup_ms * M]],
+            "engines": [[["zmq.recv_pyobj", t0 + 50 * M, t0 + (50 + recv_ms) * M, 1, recv_ms * M],
+                         ["zmq.send", t0 + 99 * M, t0 + 100 * M, 1, M]]]}
+tls = [sync(10**12, 30, 45), sync(2 * 10**12, 40, 48), sync(3 * 10**12, 35, 20)]
+rows = tlm.median_timeline(tls)
+got = {(r["proc"], r["name"]): r for r in rows}
+e = got[("trainer", "cuda.empty_cache")]
+assert e["start"] == 60.0 and e["ms"] == 35.0 and e["seen"] == 3, e
+assert got[("trainer", "reduce_tensor")]["count"] == 434 and got[("engine", "zmq.recv_pyobj")]["ms"] == 45.0, rows
+assert [r["name"] for r in rows][:2] == ["sync", "reduce_tensor"], rows
+m = tlm.meanwhile(rows, e, "engine")
+assert m["name"] == "zmq.recv_pyobj", m    # 60..95 against 50..95: the receive covers it
+assert tlm.meanwhile(rows, got[("trainer", "reduce_tensor")], "engine") is None
+# An event seen in fewer than half the syncs is left out.
+tls[0]["engines"][0].append(["cuda.synchronize", 10**12 + 10 * M, 10**12 + 12 * M, 1, 2 * M])
+assert ("engine", "cuda.synchronize") not in {(r["proc"], r["name"]) for r in tlm.median_timeline(tls)}
+recs = [{"timeline": t} for t in tls]
+json.dump({"kind": "rl", "label": "B", "args": {"warmup": 1, "tp": 1},
+           "results": [{"case": "verl", "alloc": "legacy", "records": {"idle": [{"step_ms": 1}] + recs}}]},
+          open(f"{d}/tl_B.json", "w"))
+print("timeline arithmetic: fine")
+EOF
+expect "timeline: median offsets and lengths, matched across syncs, what the other process was in" \
+    "$tmp/tlr.out" '^timeline arithmetic: fine$'
+run tlreport timeline "$tmp/tl_B.json"
+expect_status "timeline: the report runs" $? 0
+expect "timeline: a cell's title, the syncs after the warmup" "$tmp/tlreport.out" \
+    '^### B verl, legacy, idle: the median sync of 3, ms from its start$'
+expect "timeline: a row per event, in its process's column, a run's count" "$tmp/tlreport.out" \
+    '^\| 1.0 \| 4.0 \| reduce_tensor x434 \|  \|$'
+expect "timeline: what the engine was in during the trainer's empty_cache" "$tmp/tlreport.out" \
+    '^- trainer cuda.empty_cache 35.0 ms \(from 60.0\) while engine in zmq.recv_pyobj \(45.0 ms from 50.0\)$'
+expect "timeline: nothing recorded in the other process is said" "$tmp/tlreport.out" \
+    '^- trainer reduce_tensor x434 4.0 ms \(from 1.0\) while engine in no recorded call$'
+run tlnone timeline "$tmp/rl_B.json"
+expect "timeline: a run without --timeline is said" "$tmp/tlnone.out" 'no timeline in these files \(run with --timeline\)'
 
 tap_summary rl-bench

@@ -51,7 +51,8 @@
 #    in flight and idle, both allocators, A1/B/A2: step times, values checked
 #    every sync, free memory and the library's counters per sync; tables in
 #    rl.md and summary.md (skipped, said so, without the fetched copy).
-#    BENCH_RL: more rl_bench.py run options (e.g. "--cases vllm-tensor --syncs 5").
+#    BENCH_RL: more rl_bench.py run options (e.g. "--cases vllm-tensor --syncs 5";
+#    with --timeline, rl-timeline.md too).
 # 11. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
 #    (also printed: the tables for the README's Performance section); then
 #    tools/bench/bench_vmm_report.py adds the tables of 3-5 to summary.md.
@@ -463,6 +464,12 @@ report_rl() {
         echo
         "$PYTHON" tools/bench/rl/rl_bench.py report "$RAW/rl_A1.json" "$RAW/rl_B.json" "$RAW/rl_A2.json" || return 1
     } | tee -a "$OUT/rl.md" >>"$OUT/summary.md"
+    # With --timeline in BENCH_RL: each cell's median sync in every process.
+    case " ${BENCH_RL:-} " in
+    *" --timeline "*)
+        "$PYTHON" tools/bench/rl/rl_bench.py timeline "$RAW/rl_A1.json" "$RAW/rl_B.json" "$RAW/rl_A2.json" \
+            >"$OUT/rl-timeline.md" || return 1 ;;
+    esac
 }
 
 bench_ipc_sglang() {

@@ -38,6 +38,21 @@ usage:
                                  differed from the trainer's
   rl_bench.py report A1 B A2     Markdown tables from the --out files of the
                                  runs without / with / without the library
+  rl_bench.py timeline FILE...   each case's median sync in every process, on
+                                 one clock, from runs made with --timeline
+
+--tp N: N engine ranks, each its own process rebuilding every tensor and
+loading it into its own model copy, as TP ranks do; rank r on GPU r modulo
+the GPUs visible. The projects feed several ranks from several trainer ranks,
+one colocated with each (vLLM's and OpenRLHF's handles are keyed by the GPU's
+UUID, verl opens one ZMQ pair per GPU), each its own export of every tensor
+(PyTorch's cross-process refcount pairs one export with one consumer). Here
+one trainer, on GPU 0, plays each rank's trainer in turn: per sync the
+project's sender runs once per engine rank, to that rank only. A step is
+those N sends. vLLM's and OpenRLHF's cases need every rank on GPU 0 (they
+look up their own GPU's UUID); with ranks on other GPUs only verl runs
+(rebuild_ipc sets the receiver's device index: cross-GPU opens of GPU 0's
+memory).
 The library is not chosen here: run the whole command without and with
 LD_PRELOAD (tools/bench/bench.sh, BENCH_PARTS=rl, does A/B/A). The projects'
 files must be importable: bench.sh unpacks `make peer-fetch`'s copy and puts
@@ -52,7 +67,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import engine_bench as eb  # noqa: E402  (the engine bench: model, forwards, arithmetic)
+import rl_timeline as tlm  # noqa: E402  (--timeline: the spans, their wrappers, their report)
 
 CASES = ("vllm-tensor", "vllm-packed", "verl", "openrlhf")
 STATES = ("busy", "idle")
@@ -63,6 +80,12 @@ COUNTERS = ("opens", "hits", "vmm_imports", "vmm_import_hits", "vmm_maps", "vmm_
 LEVELS = ("idle_bytes", "ghost_bytes", "live", "idle")
 MODEL_NAMES = {"qwen2.5-3b": "qwen2.5-vl-3b", "tiny": "tiny"}  # engine_bench's MODELS, text part
 GIB = float(1 << 30)
+# The cases whose engine side picks its handle by its own GPU's UUID (vLLM's
+# IPC engine, OpenRLHF's update_weight_cuda_ipc): a rank on another GPU than
+# the one trainer's finds none. verl's rebuild_ipc only sets the device index.
+UUID_KEYED = ("vllm-tensor", "vllm-packed", "openrlhf")
+# This process's timeline recorder (--timeline), else None.
+REC = None
 
 
 def note(msg):
@@ -78,6 +101,58 @@ def counter_delta(line, prev):
         return None
     prev = prev or {}
     return {k: line.get(k, 0) - prev.get(k, 0) for k in COUNTERS}
+
+
+def rank_gpus(tp, gpus):
+    """Engine rank r's GPU: r modulo the GPUs visible (the trainer is on 0),
+    so two ranks share one GPU where one is lent."""
+    return [r % max(gpus, 1) for r in range(tp)]
+
+
+def split_cases(cases, gpus_of_ranks):
+    """The cases that can run with the engine ranks on these GPUs, and the
+    others with the reason: one trainer on GPU 0 sends the handles of GPU 0
+    only, which an engine side keyed by its own GPU's UUID cannot use."""
+    off = sorted({g for g in gpus_of_ranks if g != 0})
+    if not off:
+        return list(cases), {}
+    why = (f"an engine rank on GPU {','.join(map(str, off))} looks up the handle of its own GPU's UUID; "
+           "the one trainer, on GPU 0, sends GPU 0's only")
+    return [c for c in cases if c not in UUID_KEYED], {c: why for c in cases if c in UUID_KEYED}
+
+
+def rank_fields(want, ends, prev):
+    """The engine ranks' replies at a sync's end -> the record's engine
+    fields: rank 0's as the engine's (as with one rank); with more, every
+    rank's in "ranks". prev: each rank's last stats line, updated."""
+    fields = {"values_ok": all(e["sums"] == want for e in ends)}
+    ranks = []
+    for r, e in enumerate(ends):
+        ranks.append({"values_ok": e["sums"] == want, "free": e["free"], "fds": e["fds"],
+                      "phases": e["phases"], "delta": counter_delta(e["stats"], prev[r]),
+                      "stats": e["stats"]})
+        prev[r] = e["stats"] or prev[r]
+    first = ranks[0]
+    fields.update({"engine_delta": first["delta"], "engine_free": first["free"],
+                   "engine_reserved": ends[0]["reserved"], "engine_fds": first["fds"],
+                   "phases": first["phases"], "engine_stats": first["stats"]})
+    if len(ends) > 1:
+        fields["ranks"] = [{k: v for k, v in rk.items() if k != "stats"} for rk in ranks]
+    return fields
+
+
+def summarize_ranks(records, warmup):
+    """Per engine rank (--tp > 1): its bad syncs, free memory after the last
+    sync, the library's counters per sync (median)."""
+    n = len(records[0]["ranks"])
+    out = {"tp": n, "rank_bad_syncs": [], "rank_free_last_gib": [], "rank_per_sync": []}
+    for r in range(n):
+        mine = [rec["ranks"][r] for rec in records]
+        out["rank_bad_syncs"].append([i for i, m in enumerate(mine) if not m["values_ok"]])
+        out["rank_free_last_gib"].append(mine[-1]["free"] / GIB)
+        got = [m["delta"] for m in mine[warmup:] if m["delta"]]
+        out["rank_per_sync"].append({k: eb.median([d[k] for d in got]) for k in COUNTERS} if got else None)
+    return out
 
 
 def summarize(records, warmup):
@@ -110,6 +185,8 @@ def summarize(records, warmup):
     stats = last.get("engine_stats") if records else None
     if stats:
         out["engine_levels_last"] = {k: stats.get(k) for k in LEVELS}
+    if records and records[0].get("ranks"):
+        out.update(summarize_ranks(records, warmup))
     return out
 
 
@@ -130,7 +207,8 @@ def _cells(runs):
     for run in runs:
         for r in run["results"]:
             for state, s in (r.get("summary") or {}).items():
-                cells.setdefault((r["case"], r["alloc"], state), []).append(s)
+                case = r["case"] + (f" tp {s['tp']}" if s.get("tp", 1) > 1 else "")
+                cells.setdefault((case, r["alloc"], state), []).append(s)
     return {k: v for k, v in cells.items() if len(v) == len(runs)}
 
 
@@ -174,6 +252,8 @@ def report(runs):
                           f"with the library (target: at least 2.5x: {'met' if g and g >= 2.5 else 'missed'})")
     if len(runs) >= 2 and not [t for t in targets if "slower" in t]:
         targets.append("- no cell slower with the library than a run without")
+    skipped = {(r["case"], r["alloc"]): r["skipped"] for run in runs for r in run["results"] if r.get("skipped")}
+    targets += [f"- {case}, {alloc}: not run: {why}" for (case, alloc), why in sorted(skipped.items())]
     lines += ["", *targets, "", *report_phases(cells), *report_library(cells)]
     return "\n".join(lines)
 
@@ -194,6 +274,11 @@ def report_phases(cells):
             "| --- | --- | --- | --- | --- |", *rows, ""]
 
 
+def _counts(d):
+    return (f"{d['opens']:g} / {d['hits']:g} | {d['vmm_imports']:g} / {d['vmm_import_hits']:g} "
+            f"| {d['vmm_maps']:g} / {d['vmm_map_hits']:g} | {d['evictions']:g}")
+
+
 def report_library(cells):
     rows = []
     for (case, alloc, state), ss in sorted(cells.items()):
@@ -202,11 +287,14 @@ def report_library(cells):
         d, t = ss[1]["engine_per_sync"], ss[1].get("trainer_per_sync") or {}
         lv = ss[1].get("engine_levels_last") or {}
         fds = ss[1].get("engine_fds") or [None, None]
-        rows.append(f"| {case} | {alloc} | {state} | {d['opens']:g} / {d['hits']:g} "
-                    f"| {d['vmm_imports']:g} / {d['vmm_import_hits']:g} | {d['vmm_maps']:g} / {d['vmm_map_hits']:g} "
-                    f"| {d['evictions']:g} | {d['releases_on_request']:g} / {t.get('releases_on_request', 0):g} "
+        rows.append(f"| {case} | {alloc} | {state} | {_counts(d)} "
+                    f"| {d['releases_on_request']:g} / {t.get('releases_on_request', 0):g} "
                     f"| {_fmt((lv.get('idle_bytes') or 0) / GIB, '.2f')} | {_fmt((lv.get('ghost_bytes') or 0) / GIB, '.2f')} "
                     f"| {fds[0]} → {fds[1]} |")
+        for r, rd in enumerate(ss[1].get("rank_per_sync") or []):
+            if r and rd:
+                rows.append(f"| {case}, rank {r} | {alloc} | {state} | {_counts(rd)} "
+                            f"| {rd['releases_on_request']:g} / - | - | - | - |")
     if not rows:
         return []
     return ["The library in the engine, per sync (median of the timed syncs, the run with it); idle and ghost "
@@ -234,11 +322,20 @@ def parse_args(argv):
                    help="verl's bucket (update_weights_bucket_megabytes, its default 2048)")
     r.add_argument("--packed-mb", type=eb._positive("--packed-mb"), default=1024,
                    help="vLLM's packed buffer (DEFAULT_PACKED_BUFFER_SIZE_BYTES: 1 GiB)")
+    r.add_argument("--tp", type=eb._positive("--tp"), default=1,
+                   help="engine ranks, each its own process rebuilding every tensor, rank r on GPU r %% GPUs; "
+                        "one trainer (GPU 0) sends to each in turn")
+    r.add_argument("--timeline", action="store_true",
+                   help="record each sync's steps and library calls in every process (rl_bench.py timeline)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds per allocator")
     r.add_argument("--out", help="write the results as JSON here")
     r.add_argument("--label", default="", help="a name for this run in the report (A1, B, A2)")
     rep = sub.add_parser("report")
     rep.add_argument("files", nargs="+", help="without, with[, without again]")
+    tl = sub.add_parser("timeline", help="each case's median sync, from runs made with --timeline")
+    tl.add_argument("files", nargs="+")
+    tl.add_argument("--min-ms", type=float, default=1.0,
+                    help="say what the other processes did during each event at least this long")
     args = p.parse_args(argv)
     if args.cmd == "run" and (args.warmup < 0 or args.forwards < 0):
         p.error("--warmup and --forwards must not be negative")
@@ -324,10 +421,10 @@ def open_fds():
         return None
 
 
-def build_model(torch, args):
+def build_model(torch, args, device="cuda:0"):
     transformers = eb.real_transformers()
     torch.manual_seed(0)
-    with torch.device("cuda:0"):
+    with torch.device(device):
         model = transformers.Qwen2ForCausalLM._from_config(
             transformers.Qwen2Config(**eb.MODELS[MODEL_NAMES[args.model]]["text"]), dtype=torch.bfloat16)
     return model
@@ -366,10 +463,13 @@ class Loader:
     def load_weights(self, weights):
         import torch
         t0 = time.perf_counter_ns()
+        m0 = time.monotonic_ns() if REC else 0
         with torch.no_grad():
             for name, w in weights:
                 self.params[name].copy_(w)
         self.clock["load"] += time.perf_counter_ns() - t0
+        if REC:
+            REC.add("load_weights", m0)
         return set(n for n, _ in weights)
 
 
@@ -381,32 +481,53 @@ def timed_rebuild(clock):
 
     def rebuild_cuda_tensor(*args, **kwargs):
         t0 = time.perf_counter_ns()
+        m0 = time.monotonic_ns() if REC else 0
         try:
             return real(*args, **kwargs)
         finally:
             clock["rebuild"] += time.perf_counter_ns() - t0
+            if REC:
+                REC.add("rebuild_cuda_tensor", m0)
     red.rebuild_cuda_tensor = rebuild_cuda_tensor
 
 
-def engine_main(args, conn):
+def start_timeline(args, torch):
+    """This process's recorder and torch's and zmq's wrappers (--timeline),
+    before the projects import."""
+    global REC
+    if args.timeline:
+        REC = tlm.Recorder()
+        tlm.install_torch(REC, torch)
+        tlm.install_zmq(REC)
+
+
+def timeline_verl():
+    if REC:
+        from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer as mod
+        tlm.install_verl(REC, mod)
+
+
+def engine_main(args, conn, gpu=0):
     import types
     import torch
     try:
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(gpu)
+        device = torch.device(f"cuda:{gpu}")
         clock = {"rebuild": 0, "load": 0, "handler": 0}
+        start_timeline(args, torch)
         timed_rebuild(clock)
-        model = build_model(torch, args)
+        model = build_model(torch, args, device)
         model.eval()
         named = list(model.named_parameters())
         loader = Loader(dict(named), clock)
-        ids = torch.randint(1000, 100000, (8, 256), device="cuda:0")
+        ids = torch.randint(1000, 100000, (8, 256), device=device)
         graph = eb.capture_forward(torch, model, ids) if args.forwards else None
         fwd = torch.cuda.Stream()
         ev = [torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)]
         init_dist(torch, "engine")
-        device = torch.device("cuda:0")
         handlers = engine_handlers(args, torch, loader, device, types)
-        conn.send(("ready", os.getpid()))
+        timeline_verl()
+        conn.send(("ready", os.getpid(), gpu))
         busy = False
         while True:
             msg = conn.recv()
@@ -415,8 +536,11 @@ def engine_main(args, conn):
             kind = msg[0]
             if kind == "begin":
                 busy = msg[1]
+                m0 = time.monotonic_ns()
                 for k in clock:
                     clock[k] = 0
+                if REC:
+                    REC.take()  # what came before this sync
                 if busy:
                     fwd.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(fwd), torch.inference_mode():
@@ -427,8 +551,11 @@ def engine_main(args, conn):
                             else:
                                 model(input_ids=ids, use_cache=False, logits_to_keep=1)
                         ev[1].record()
+                if REC:
+                    REC.add("begin (forwards enqueued)" if busy else "begin", m0)
                 conn.send("ok")
             elif kind == "end":
+                spans = REC.take() if REC else None
                 fwd.synchronize()
                 torch.cuda.synchronize()
                 phases = {k + "_ms": v / 1e6 for k, v in clock.items()}
@@ -438,15 +565,18 @@ def engine_main(args, conn):
                 free, _ = torch.cuda.mem_get_info()
                 conn.send({"sums": checksums(torch, named), "free": free,
                            "reserved": torch.cuda.memory_reserved(), "stats": stats_now(),
-                           "fds": open_fds(), "phases": phases})
+                           "fds": open_fds(), "phases": phases, "timeline": spans})
             else:
                 t0 = time.perf_counter_ns()
+                m0 = time.monotonic_ns() if REC else 0
                 try:
                     handlers[kind](*msg[1:])
                     reply = "ok"
                 except Exception as exc:  # noqa: BLE001  (said to the trainer, which stops)
                     reply = f"error: {type(exc).__name__}: {exc}"
                 clock["handler"] += time.perf_counter_ns() - t0
+                if REC:
+                    REC.add(f"handler {kind}" + (f" {msg[1]}" if kind == "vllm" else ""), m0)
                 conn.send(reply)
     except (EOFError, KeyboardInterrupt):
         pass
@@ -547,6 +677,7 @@ def verl_sender(args, link, model):
     import uuid
     from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
 
+    timeline_verl()
     loop = asyncio.new_event_loop()
     handle = f"ipc:///tmp/rl-colocate-zmq-{uuid.uuid4().hex}.sock"
 
@@ -602,6 +733,27 @@ def make_sender(args, case, link, model):
     return openrlhf_sender(args, link, model)
 
 
+def make_send(args, case, links, model):
+    """One sync: the project's sender once per engine rank, to that rank
+    only, in turn (the one trainer playing each rank's colocated trainer:
+    one export per receiver, as PyTorch's refcount wants)."""
+    senders = [make_sender(args, case, link, model) for link in links]
+    if len(senders) == 1:
+        return senders[0]
+
+    def send():
+        for sender in senders:
+            sender()
+    return send
+
+
+def call_all(links, msg):
+    """msg to every engine rank, then each one's answer (they work at once)."""
+    for link in links:
+        link.send(msg)
+    return [link.answer() for link in links]
+
+
 def change_weights(torch, named, k):
     """A new version of every weight: a bf16 step up and a marker."""
     with torch.no_grad():
@@ -610,46 +762,31 @@ def change_weights(torch, named, k):
             p.view(-1)[0] = float(k % 97)
 
 
-def trainer_main(args, alloc, conn, out_q):
+def trainer_main(args, alloc, conns, out_q):
     import torch
     results = []
     try:
         torch.cuda.set_device(0)
-        link = Link(conn, args.timeout)
-        ready = link.answer()
+        links = [Link(conn, args.timeout) for conn in conns]
+        ready = [link.answer() for link in links]
+        start_timeline(args, torch)
         model = build_model(torch, args)
         named = list(model.named_parameters())
         init_dist(torch, "trainer")
         k = 0
-        prev = {"engine": None, "trainer": None}  # the last stats lines, across cases
+        prev = {"engine": [None] * len(links), "trainer": None}  # the last stats lines, across cases
         for case in args.cases:
-            result = {"alloc": alloc, "case": case, "error": None, "records": {}, "engine_pid": ready[1]}
+            result = {"alloc": alloc, "case": case, "error": None, "records": {}, "engine_pid": ready[0][1]}
+            if len(links) > 1:
+                result["engine_ranks"] = [{"pid": r[1], "gpu": r[2]} for r in ready]
             results.append(result)
             try:
-                send = make_sender(args, case, link, model)
+                send = make_send(args, case, links, model)
                 for state in args.states:
                     recs = result["records"][state] = []
                     for _ in range(args.warmup + args.syncs):
                         k += 1
-                        change_weights(torch, named, k)
-                        want = checksums(torch, named)
-                        link.call(("begin", state == "busy"))
-                        t0 = time.perf_counter_ns()
-                        send()
-                        step = (time.perf_counter_ns() - t0) / 1e6
-                        got = link.call(("end",))
-                        free, _ = torch.cuda.mem_get_info()
-                        mine = stats_now()
-                        deltas = {f"{side}_delta": counter_delta(line, prev[side])
-                                  for side, line in (("engine", got["stats"]), ("trainer", mine))}
-                        prev = {"engine": got["stats"] or prev["engine"], "trainer": mine or prev["trainer"]}
-                        recs.append({**deltas, "step_ms": step, "values_ok": got["sums"] == want,
-                                     "engine_free": got["free"], "trainer_free": free,
-                                     "engine_reserved": got["reserved"],
-                                     "trainer_reserved": torch.cuda.memory_reserved(),
-                                     "engine_fds": got["fds"], "trainer_fds": open_fds(),
-                                     "phases": got["phases"], "engine_stats": got["stats"],
-                                     "trainer_stats": mine})
+                        recs.append(one_sync(args, torch, named, links, send, k, state, prev))
                     note(f"{args.label} {alloc} {case} {state}: step p50 "
                          f"{eb.median([r['step_ms'] for r in recs[args.warmup:]]):.1f} ms, values "
                          f"{'same' if all(r['values_ok'] for r in recs) else 'DIFFER'}")
@@ -658,10 +795,41 @@ def trainer_main(args, alloc, conn, out_q):
                 note(f"{args.label} {alloc} {case}: FAILED: {result['error']}")
                 if isinstance(exc, (TimeoutError, EOFError, BrokenPipeError)):
                     break
-        conn.send(None)
+        for conn in conns:
+            conn.send(None)
     except Exception as exc:  # noqa: BLE001
         results.append({"alloc": alloc, "case": "setup", "error": f"{type(exc).__name__}: {exc}", "records": {}})
     out_q.put(results)
+
+
+def one_sync(args, torch, named, links, send, k, state, prev):
+    """A new version of the weights, its sync timed, every rank's values
+    checked; the record of the sync."""
+    change_weights(torch, named, k)
+    want = checksums(torch, named)
+    if REC:
+        REC.take()  # what came before this sync
+    m_begin = time.monotonic_ns()
+    call_all(links, ("begin", state == "busy"))
+    if REC:
+        REC.add("link begin", m_begin)
+    t0 = time.perf_counter_ns()
+    m0 = time.monotonic_ns()
+    send()
+    step = (time.perf_counter_ns() - t0) / 1e6
+    m1 = time.monotonic_ns()
+    ends = call_all(links, ("end",))
+    free, _ = torch.cuda.mem_get_info()
+    mine = stats_now()
+    rec = {**rank_fields(want, ends, prev["engine"]),
+           "trainer_delta": counter_delta(mine, prev["trainer"]),
+           "step_ms": step, "trainer_free": free, "trainer_reserved": torch.cuda.memory_reserved(),
+           "trainer_fds": open_fds(), "trainer_stats": mine}
+    prev["trainer"] = mine or prev["trainer"]
+    if REC:
+        REC.add("sync", m0, m1)
+        rec["timeline"] = {"t0": m0, "trainer": REC.take(), "engines": [e.get("timeline") or [] for e in ends]}
+    return rec
 
 
 # ----------------------------------------------------------------- run, report
@@ -670,19 +838,23 @@ def run_alloc(args, alloc):
     import multiprocessing as mp
     import queue as queue_mod
     ctx = mp.get_context("spawn")
-    ends = ctx.Pipe()
+    pipes = [ctx.Pipe() for _ in range(args.tp)]
     out_q = ctx.Queue()
     saved = eb.set_alloc_env(alloc)
-    engine = ctx.Process(target=engine_main, args=(args, ends[0]))
-    trainer = ctx.Process(target=trainer_main, args=(args, alloc, ends[1], out_q))
-    engine.start()
+    engines = [ctx.Process(target=engine_main, args=(args, ends[0], gpu))
+               for ends, gpu in zip(pipes, rank_gpus(args.tp, args.gpus))]
+    trainer = ctx.Process(target=trainer_main, args=(args, alloc, [ends[1] for ends in pipes], out_q))
+    for p in engines:
+        p.start()
     trainer.start()
     eb.restore_env(saved)
     try:
-        results = out_q.get(timeout=args.timeout * len(args.cases))
+        results = out_q.get(timeout=args.timeout * max(1, len(args.cases)))
     except queue_mod.Empty:
         results = [{"alloc": alloc, "case": "all", "error": "no result in time", "records": {}}]
-    codes = eb.finish([trainer, engine], 60)
+    codes = eb.finish([trainer, *engines], 60)
+    results += [{"alloc": alloc, "case": case, "error": None, "skipped": why, "records": {}}
+                for case, why in args.skipped.items()]
     for r in results:
         r["summary"] = {s: summarize(recs, args.warmup) for s, recs in r["records"].items() if recs}
         if r["error"] is None and any(r["summary"][s]["bad_syncs"] for s in r["summary"]):
@@ -690,7 +862,7 @@ def run_alloc(args, alloc):
         record_outcomes(args, r)
     if any(codes) and not any(r["error"] for r in results):
         results.append({"alloc": alloc, "case": "exit", "error": f"exit status: trainer {codes[0]}, "
-                        f"engine {codes[1]}", "records": {}, "summary": {}})
+                        f"engine {', '.join(map(str, codes[1:]))}", "records": {}, "summary": {}})
     return results
 
 
@@ -701,10 +873,11 @@ def record_outcomes(args, result):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     from peer_record import emit
     for state in args.states:
-        test_id = f"rl::{result['alloc']}::{result['case']}::{state}"
+        tp = getattr(args, "tp", 1)
+        test_id = f"rl::{result['alloc']}::{result['case']}::{state}" + (f"::tp{tp}" if tp > 1 else "")
         s = result["summary"].get(state)
         ok = result["error"] is None and s is not None and s["values_ok"]
-        emit(test_id, "passed" if ok else "failed")
+        emit(test_id, "skipped" if result.get("skipped") else "passed" if ok else "failed")
 
 
 def cmd_run(args):
@@ -712,6 +885,10 @@ def cmd_run(args):
         print("rl: skipped: no CUDA GPU (torch sees none)")
         return 77
     require_projects()
+    args.gpus = eb.cuda_gpus()
+    args.cases, args.skipped = split_cases(args.cases, rank_gpus(args.tp, args.gpus))
+    for case, why in args.skipped.items():
+        note(f"{case}: not run with --tp {args.tp}: {why}")
     results = []
     for alloc in args.allocs:
         results.extend(run_alloc(args, alloc))
@@ -723,21 +900,37 @@ def cmd_run(args):
     return 1 if any(r["error"] for r in results) else 0
 
 
-def cmd_report(args):
+def load_runs(paths):
+    """The --out files, or None (said) when one is not rl_bench.py run's."""
     runs = []
-    for path in args.files:
+    for path in paths:
         with open(path, encoding="utf-8") as f:
             runs.append(json.load(f))
     if any(r.get("kind") != "rl" for r in runs):
-        print("rl: report: not the files of rl_bench.py run", file=sys.stderr)
+        print("rl: not the files of rl_bench.py run", file=sys.stderr)
+        return None
+    return runs
+
+
+def cmd_report(args):
+    runs = load_runs(args.files)
+    if runs is None:
         return 2
     print(report(runs))
     return 0
 
 
+def cmd_timeline(args):
+    runs = load_runs(args.files)
+    if runs is None:
+        return 2
+    print(tlm.report(runs, args.min_ms))
+    return 0
+
+
 def main(argv):
     args = parse_args(argv)
-    return {"run": cmd_run, "report": cmd_report}[args.cmd](args)
+    return {"run": cmd_run, "report": cmd_report, "timeline": cmd_timeline}[args.cmd](args)
 
 
 if __name__ == "__main__":
