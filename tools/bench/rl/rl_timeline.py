@@ -7,10 +7,9 @@ the bench's own steps and around the library calls the projects' code makes,
 wrapped from here (their files are never changed): zmq's socket send / recv /
 send_pyobj / recv_pyobj, torch.cuda's synchronize, ipc_collect and
 empty_cache (and torch.accelerator.synchronize, vLLM's), torch.distributed's
-barrier and all_gather_object (OpenRLHF's), PyTorch's reduce_tensor and a
-large torch.empty (a bucket, a packed buffer), verl's rebuild_ipc and its
-sender's and receiver's socket, buffer and cleanup steps. Nothing is wrapped
-without --timeline.
+barrier and all_gather_object (OpenRLHF's), PyTorch's reduce_tensor, verl's
+rebuild_ipc and its sender's and receiver's socket, buffer and cleanup steps.
+Nothing is wrapped without --timeline.
 
 Stored per sync, collapsed: a run of one name in a row (434 reduce_tensor) is
 one span [name, first t0, last t1, count, summed ns].
@@ -22,9 +21,6 @@ for each long event, what the other processes were in meanwhile.
 """
 import threading
 import time
-
-# A torch.empty at least this large is a transfer buffer worth a line.
-LARGE_EMPTY_BYTES = 64 << 20
 
 
 class Recorder:
@@ -86,11 +82,6 @@ def collapse(spans):
     return out
 
 
-def _large_empty(args, kwargs):
-    size = args[0] if len(args) == 1 and isinstance(args[0], int) else None
-    return size is not None and size >= LARGE_EMPTY_BYTES
-
-
 def install_torch(rec, torch):
     """The library calls the projects make through torch, wrapped; before the
     projects import (they bind reduce_tensor by name)."""
@@ -103,7 +94,10 @@ def install_torch(rec, torch):
     if dist is not None:
         for attr in ("barrier", "all_gather_object"):
             rec.wrap(dist, attr, f"dist.{attr}")
-    rec.wrap(torch, "empty", "torch.empty (large)", keep=_large_empty)
+    # Not torch.empty: torch's device context (the engine's `with
+    # torch.device`) knows its factory functions by identity, and a wrapped
+    # one made CUDA-graph forwards build CPU tensors (H200, 12-04). A bucket's
+    # allocation shows in verl's init_buffer span.
     import torch.multiprocessing.reductions as red
     rec.wrap(red, "reduce_tensor")
 
