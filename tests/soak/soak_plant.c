@@ -7,7 +7,10 @@
  *                           a library that leaked one per miss would;
  *   SOAK_PLANT=wrong-value  the SOAK_PLANT_AT-th real open (default 100)
  *                           answers a pointer 1 GiB past the mapping, where
- *                           no allocation lies.
+ *                           no allocation lies;
+ *   SOAK_PLANT=keep-mapping every real close answers success and unmaps
+ *                           nothing, as a library that lost track of what
+ *                           it keeps would: freed memory stays mapped.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -52,4 +55,15 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int fl
 CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags)
 {
     return planted("cuIpcOpenMemHandle", p, h, flags);
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p);
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr p)
+{
+    const char *what = getenv("SOAK_PLANT");
+    if (what && !strcmp(what, "keep-mapping"))
+        return CUDA_SUCCESS;
+    CUresult (*next)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))dlsym(RTLD_NEXT, "cuIpcCloseMemHandle");
+    return next ? next(p) : CUDA_ERROR_NOT_FOUND;
 }

@@ -19,6 +19,7 @@ IMPORTER_PLOTS = [
     ("rss_kib", "RSS (KiB)"),
     ("fds", "open fds"),
     ("driver_bytes", "bytes the driver maps for it"),
+    ("ghost_bytes", "of those, freed by their exporter or of one that died"),
     ("lib_entries", "library table entries (live + idle)"),
     ("lib_idle", "library idle entries"),
     ("lib_idle_bytes", "library idle bytes"),
@@ -27,6 +28,7 @@ IMPORTER_PLOTS = [
 ]
 MACHINE_PLOTS = [
     ("phys_bytes", "stand-in physical bytes (allocated, or freed and mapped)"),
+    ("ghost_bytes", "of those, freed (or of a dead exporter) and still mapped"),
     ("ledger_importers", "release ledger: importer slots in use"),
     ("ledger_exports", "release ledger: exports listed"),
     ("exporters_alive", "exporters alive"),

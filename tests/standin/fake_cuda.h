@@ -91,6 +91,14 @@ uint64_t fakecuda_phys_bytes(void);
 
 /* Of those, the bytes process pid maps or holds imported (0 when unset). */
 uint64_t fakecuda_phys_held_bytes(int64_t pid);
+/* How many allocations those are (each once, in all its contexts). */
+uint64_t fakecuda_phys_held_count(int64_t pid);
+
+/* Of those, what outlives its owner's free (or exit) only because it is
+ * still mapped: by process pid, and by any live process (each allocation
+ * once). What a cache that does not honour the free pins. */
+uint64_t fakecuda_phys_ghost_bytes(int64_t pid);
+uint64_t fakecuda_phys_ghost_total(void);
 
 /* CUDA 13's <cuda.h> no longer declares the 3-argument context creator (its
  * cuCtxCreate macro means cuCtxCreate_v4); the fake exports it. */
