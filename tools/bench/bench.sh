@@ -53,7 +53,14 @@
 #    rl.md and summary.md (skipped, said so, without the fetched copy).
 #    BENCH_RL: more rl_bench.py run options (e.g. "--cases vllm-tensor --syncs 5";
 #    with --timeline, rl-timeline.md too).
-# 11. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
+# 11. tools/bench/rl/mm_ipc_bench.py (vllm-mm): vLLM's multimodal tensor queue
+#    (vllm/v1/engine/tensor_ipc.py of the same fetched copy, its sender and
+#    receiver unchanged) between an API server making fresh 8 MiB bf16 image
+#    features on the GPU and an engine core checking each, both allocators,
+#    A1/B/A2: requests/s, per-feature latency, values, free memory and the
+#    library's counters; tables in vllm-mm.md and summary.md (skipped, said so,
+#    without the fetched copy). BENCH_VLLM_MM: more mm_ipc_bench.py run options.
+# 12. tools/bench/plot_bench.py: medians over repetitions, bench.png, summary.md
 #    (also printed: the tables for the README's Performance section); then
 #    tools/bench/bench_vmm_report.py adds the tables of 3-5 to summary.md.
 # With two or more GPUs, everything but 5 is also run across devices (GPU0 -> GPU1).
@@ -64,7 +71,7 @@
 #   BENCH_REPS    repetitions (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_QUICK=1 smaller iteration counts (about 2 minutes on one GPU)
 #   BENCH_PARTS   which parts run (default "ipc sglang sglang-code vmm torch shapes ghost hitpath engine";
-#                 rl only when named)
+#                 rl and vllm-mm only when named)
 #   BENCH_TP      the engine part's scheduler ranks, one per GPU (default 1)
 #   BENCH_ENGINE  the engine part's pieces (default "serve sync")
 #   BENCH_PROFILE=1 the engine part also writes torch.profiler tables (raw/profiles/):
@@ -100,7 +107,7 @@ if [ "$QUICK" = 1 ]; then
     SGLANG_CODE_ARGS=(--features 200 --warmup 10)
     ENGINE_SERVE_ARGS=(--requests 48 --burst 24 --warmup 8) ENGINE_SYNC_ARGS=(--steps 3 --warmup 1)
     SOAK_REQUESTS=${BENCH_SOAK_REQUESTS:-200} SOAK_STEPS=${BENCH_SOAK_STEPS:-20}
-    RL_ARGS=(--syncs 5 --warmup 1)
+    RL_ARGS=(--syncs 5 --warmup 1) MM_ARGS=(--requests 50 --warmup 5)
 else
     REPS=${BENCH_REPS:-3}
     IPC_ARGS=(--real-iters 200 --held-iters 2000 --hit-iters 20000 --max-mode-seconds 1.5)
@@ -110,7 +117,7 @@ else
     SGLANG_CODE_ARGS=(--features 500 --warmup 20)
     ENGINE_SERVE_ARGS=(--requests 128 --burst 48 --warmup 12) ENGINE_SYNC_ARGS=(--steps 6 --warmup 1)
     SOAK_REQUESTS=${BENCH_SOAK_REQUESTS:-1500} SOAK_STEPS=${BENCH_SOAK_STEPS:-100}
-    RL_ARGS=(--syncs 20 --warmup 2)
+    RL_ARGS=(--syncs 20 --warmup 2) MM_ARGS=(--requests 200 --warmup 20)
 fi
 RUN_TIMEOUT=300
 
@@ -434,25 +441,59 @@ bench_soak() {
 # runs every case, both allocators. Their files, unpacked once, and their stand-ins
 # (tools/rl_peer/site) load in every interpreter of the run.
 RL_TREE=$BUILD/rl-tree
-bench_rl() {
-    local pass
+# rl_tree_ready PART: the fetched copy unpacked into RL_TREE; else PART is said
+# skipped (no copy) or counted failed (a copy that does not match its MANIFEST).
+rl_tree_ready() {
     if [ ! -f "$RL_FETCHED/MANIFEST" ]; then
-        note "rl: skipped: no $RL_FETCHED/MANIFEST (run make peer-fetch where there is a network)"
-        return
+        note "$1: skipped: no $RL_FETCHED/MANIFEST (run make peer-fetch where there is a network)"
+        return 1
     fi
-    "$PYTHON" tools/rl_peer/prepare.py "$RL_FETCHED" "$RL_TREE" || { FAILURES=$((FAILURES + 1)); return; }
-    # shellcheck disable=SC2206  # BENCH_RL is several words on purpose
-    local -a extra=(${BENCH_RL:-})
+    "$PYTHON" tools/rl_peer/prepare.py "$RL_FETCHED" "$RL_TREE" || { FAILURES=$((FAILURES + 1)); return 1; }
+}
+
+# rl_tree_passes NAME LIMIT SCRIPT ARGS...: `SCRIPT run ARGS` A1/B/A2 (the
+# library preloaded in B) with the fetched tree and its stand-ins on PYTHONPATH,
+# each pass at most LIMIT s; raw/NAME_<pass>.json and .txt.
+rl_tree_passes() {
+    local name=$1 limit=$2 script=$3 pass
+    shift 3
     for pass in A1 B A2; do
         local -a envs=(-u LD_PRELOAD)
-        [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_FILE="$RAW/stats_rl_B.%p.json")
-        note "rl $pass"
-        timeout "$((RUN_TIMEOUT * 4))" env -u PYTORCH_CUDA_ALLOC_CONF "${envs[@]}" PYTHONUNBUFFERED=1 \
+        [ "$pass" = B ] && envs=(-u IPCCACHE_DISABLE LD_PRELOAD="$LIB" IPCCACHE_STATS_FILE="$RAW/stats_${name}_B.%p.json")
+        note "$name $pass"
+        timeout "$limit" env -u PYTORCH_CUDA_ALLOC_CONF "${envs[@]}" PYTHONUNBUFFERED=1 \
             PYTHONPATH="$RL_TREE/src:tools/rl_peer/site" RL_PEER_DEPS="$RL_TREE/deps" VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
-            "$PYTHON" tools/bench/rl/rl_bench.py run "${RL_ARGS[@]}" "${extra[@]}" --label "$pass" \
-            --out "$RAW/rl_$pass.json" >"$RAW/rl_$pass.txt" 2>&1 ||
-            { note "rl $pass failed (see $RAW/rl_$pass.txt)"; FAILURES=$((FAILURES + 1)); }
+            "$PYTHON" "$script" run "$@" --label "$pass" --out "$RAW/${name}_$pass.json" >"$RAW/${name}_$pass.txt" 2>&1 ||
+            { note "$name $pass failed (see $RAW/${name}_$pass.txt)"; FAILURES=$((FAILURES + 1)); }
     done
+}
+
+bench_rl() {
+    rl_tree_ready rl || return
+    # shellcheck disable=SC2206  # BENCH_RL is several words on purpose
+    local -a extra=(${BENCH_RL:-})
+    rl_tree_passes rl "$((RUN_TIMEOUT * 4))" tools/bench/rl/rl_bench.py "${RL_ARGS[@]}" "${extra[@]}"
+}
+
+# vLLM's multimodal tensor queue (tools/bench/rl/mm_ipc_bench.py), A1/B/A2; each
+# pass runs both allocators.
+bench_vllm_mm() {
+    rl_tree_ready vllm-mm || return
+    # shellcheck disable=SC2206  # BENCH_VLLM_MM is several words on purpose
+    local -a extra=(${BENCH_VLLM_MM:-})
+    rl_tree_passes vllm_mm "$((RUN_TIMEOUT * 2))" tools/bench/rl/mm_ipc_bench.py "${MM_ARGS[@]}" "${extra[@]}"
+}
+
+# The vllm-mm tables into vllm-mm.md and summary.md.
+report_vllm_mm() {
+    [ -f "$RAW/vllm_mm_B.json" ] || return 0
+    {
+        echo
+        echo "## vLLM's multimodal tensor queue ($(head -n1 "$RL_FETCHED/VERSIONS"), vllm/v1/engine/tensor_ipc.py; tools/bench/rl/mm_ipc_bench.py)"
+        echo
+        "$PYTHON" tools/bench/rl/mm_ipc_bench.py report "$RAW/vllm_mm_A1.json" "$RAW/vllm_mm_B.json" \
+            "$RAW/vllm_mm_A2.json" || return 1
+    } | tee -a "$OUT/vllm-mm.md" >>"$OUT/summary.md"
 }
 
 # The RL tables into rl.md and summary.md.
@@ -496,7 +537,7 @@ main() {
     local have_torch=0 started=$SECONDS
     DEVS=(0)
     [ "$NGPU" -ge 2 ] && DEVS=(0 1)
-    if part sglang || part sglang-code || part torch || part shapes || part engine || part soak || part rl; then
+    if part sglang || part sglang-code || part torch || part shapes || part engine || part soak || part rl || part vllm-mm; then
         torch_ready && have_torch=1
         [ "$have_torch" = 1 ] || note "python3 with CUDA torch not found: the PyTorch benchmarks are skipped"
     fi
@@ -512,6 +553,7 @@ main() {
     if part engine && [ "$have_torch" = 1 ]; then bench_engine; fi
     if part soak && [ "$have_torch" = 1 ]; then bench_soak; fi
     if part rl && [ "$have_torch" = 1 ]; then bench_rl; fi
+    if part vllm-mm && [ "$have_torch" = 1 ]; then bench_vllm_mm; fi
     note "measurements took $((SECONDS - started)) s"
     if part ipc || part sglang; then
         "$PYTHON" tools/bench/plot_bench.py "$OUT" --png "$OUT/bench.png" --summary "$OUT/summary.md" ||
@@ -523,6 +565,7 @@ main() {
         "$PYTHON" tools/bench/soak_gpu.py report "$RAW" | tee "$OUT/soak.md" || FAILURES=$((FAILURES + 1))
     fi
     if part rl; then report_rl || FAILURES=$((FAILURES + 1)); fi
+    if part vllm-mm; then report_vllm_mm || FAILURES=$((FAILURES + 1)); fi
     if part vmm || part torch || part shapes || part ghost; then
         "$PYTHON" tools/bench/bench_vmm_report.py "$OUT" --append "$OUT/summary.md" || FAILURES=$((FAILURES + 1))
     fi

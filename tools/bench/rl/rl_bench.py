@@ -388,12 +388,24 @@ def stats_signal(setting):
     return getattr(signal, name, None)
 
 
+def signal_caught(signo):
+    """Whether this process has a handler for signo (/proc/self/status's
+    SigCgt): the library takes its stats signal over only at the first IPC
+    call; before, the signal would end the process."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            caught = next((int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:")), 0)
+    except (OSError, ValueError):
+        return False
+    return bool(caught >> (signo - 1) & 1)
+
+
 def stats_now():
     """The library's stats line written now (its stats signal to this
-    process), or None without the library or a %p stats file."""
+    process), or None without the library, its handler or a %p stats file."""
     template = os.environ.get("IPCCACHE_STATS_FILE", "")
     signo = stats_signal(os.environ.get("IPCCACHE_STATS_SIGNAL", ""))
-    if "%p" not in template or not signo or not library_loaded():
+    if "%p" not in template or not signo or not library_loaded() or not signal_caught(signo):
         return None
     path = template.replace("%p", str(os.getpid()))
 

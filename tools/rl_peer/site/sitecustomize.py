@@ -1,7 +1,8 @@
-"""Stand-ins for what vLLM's, verl's and OpenRLHF's weight-sync code imports but
-the weight sync never needs; their own files are loaded as released.
+"""Stand-ins for what vLLM's, verl's and OpenRLHF's weight-sync code (and vLLM's
+multimodal tensor queue) imports but the bench never needs; their own files are
+loaded as released.
 
-tools/bench/bench.sh (part rl) and tools/peer_suites.sh (suite rl) put this
+tools/bench/bench.sh (parts rl and vllm-mm) and tools/peer_suites.sh (suite rl) put this
 folder on PYTHONPATH, so every interpreter of a run, spawned children
 included, loads it at start-up. tools/rl_peer/fetch.sh took from each wheel
 only the files the weight sync reaches; the packages above them are
@@ -22,6 +23,14 @@ vLLM (ipc_engine.py, packed_tensor.py, base.py, clients.py):
   vllm.model_executor.model_loader.mtp_validation
                                   disable_mtp_completeness_check, a context
                                   around load_weights: does nothing here
+vLLM (v1/engine/tensor_ipc.py, the multimodal tensors' queue):
+  vllm.logger                     init_logger: logging.getLogger (vLLM's
+                                  configures its own handlers and format)
+  vllm.v1.serial_utils            OOBTensorConsumer: the base class of
+                                  TensorIpcSender, the msgpack encoder's
+                                  interface for tensors sent out of band;
+                                  an empty class here (the bench calls the
+                                  sender itself, as the encoder would)
 verl (bucketed_weight_transfer.py):
   verl.workers.rollout.utils      ensure_async_iterator (its real module
                                   imports Ray, FastAPI, uvicorn): an async
@@ -92,6 +101,10 @@ class _Zero:
         return contextlib.nullcontext()
 
 
+class OOBTensorConsumer:
+    """vLLM's msgpack encoder's out-of-band tensor consumer, as a base class."""
+
+
 class BaseModelActor:
     """OpenRLHF's launcher.BaseModelActor stands here only as a base class."""
 
@@ -108,6 +121,8 @@ STAND_INS = {
         "finalize_layerwise_reload": lambda model, model_config: None},
     "vllm.model_executor.model_loader.mtp_validation": {
         "disable_mtp_completeness_check": contextlib.nullcontext},
+    "vllm.logger": {"init_logger": logging.getLogger},
+    "vllm.v1.serial_utils": {"OOBTensorConsumer": OOBTensorConsumer},
     "verl.workers.rollout.utils": {"ensure_async_iterator": ensure_async_iterator},
     "ray": {"remote": _remote, "get": _ray_get},
     "deepspeed": {"zero": _Zero},
