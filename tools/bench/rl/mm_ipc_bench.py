@@ -125,8 +125,9 @@ def describe(args):
     mib = args["rows"] * args["hidden"] * 2 / float(1 << 20)
     return [f"Per allocator: {args['requests']} timed requests after {args['warmup']}, one in flight, each "
             f"{args['features']} features of {args['rows']} x {args['hidden']} bf16 ({mib:.1f} MiB) made on "
-            f"{args['device']} by the API server; with / without: the run with the library against the mean "
-            "of the runs without.", ""]
+            f"{args['device']} by the API server; req/s over its whole loop (the features made and checksummed, "
+            "sent, answered); with / without: the run with the library against the mean of the runs without.",
+            ""]
 
 
 def report(runs):
