@@ -404,6 +404,25 @@ Test(ghost, reopen_while_a_dead_exporter_is_let_go_stays_known, .timeout = 60)
     finish(&imp);
 }
 
+Test(ghost, export_after_a_reset_is_let_go_when_its_exporter_dies, .timeout = 60)
+{
+    /* An exporter resets its primary context (as cudaDeviceReset does), then allocates and
+     * exports again, and later dies without freeing: the importer's idle mapping of the new
+     * export goes as one of the first would. */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported first = export(&exp, 8 * MIB);
+    import(&imp, &first, 1);
+    cr_assert_eq(ok(&exp, ask(&exp, "primary_reset")), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys_settles_at(0), 0), "the reset gives the first export back");
+    cr_assert_eq(ok(&exp, ask(&exp, "primary_retain")), CUDA_SUCCESS);
+    struct exported e = export(&exp, 16 * MIB);
+    import(&imp, &e, 1);
+    kill_peer(&exp);
+    cr_assert(eq(u64, phys_settles_at(0), 0), "the dead exporter's export after its reset stays mapped");
+    finish(&imp);
+}
+
 Test(ghost, no_ledger_frees_as_before, .timeout = 40)
 {
     /* Without a usable per-user directory the free works as without the ledger and the idle mapping stays. */
