@@ -40,12 +40,17 @@ static int seen_oom;
 #define MAX_SEEN 8192        /* handles whose exporter we remember */
 #define CHECK_EVERY_NS (1000ULL * 1000 * 1000)
 
-/* A handle we mapped, and the exporter it came from. Under the table lock. */
+/* A handle we mapped, and the exporter it came from. Under the table lock.
+ * stamp changes each time a miss records the handle (again): a let-go
+ * forgets only the record it found before its closes. */
 struct seen {
     unsigned char handle[IPCC_HANDLE_BYTES];
     int exporter;
+    uint64_t stamp;
     UT_hash_handle hh;
 };
+
+static uint64_t last_stamp;
 
 static struct seen *seen;
 static struct { struct ipcc_proc who; size_t handles; } exporters[MAX_EXPORTERS];
@@ -94,25 +99,36 @@ static void forget_seen(struct seen *s, int unwatch)
     ipcc_mem_free(s);
 }
 
+/* Lock held: the stamp of handle's record, 0 when there is none. */
+static uint64_t stamp_of(const unsigned char *handle)
+{
+    struct seen *s;
+    HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
+    return s ? s->stamp : 0;
+}
+
 /* The exporter freed (or took with it) the allocation behind handle: each
- * kind closes its idle mappings of it (a VMM export's tag, a legacy handle).
- * Its record goes first: a thread of the program that opens the handle
- * again while we close (the driver still maps it for us) records it anew,
- * and that record must outlive this let-go, or nothing would ever let go
- * of the new mapping. */
+ * kind closes its idle mappings of it (a VMM export's tag, a legacy handle),
+ * then its record is forgotten, unless a thread of the program opened the
+ * handle again while we closed (the driver still mapped it for us) and so
+ * recorded it anew: that record must outlive this let-go, or nothing would
+ * ever let go of the new mapping. */
 static void let_go(const unsigned char *handle)
 {
     if (atomic_load(&exiting))
         return;
+    ipcc_lock();
+    uint64_t before = stamp_of(handle);
+    ipcc_unlock();
+    for (int k = 0; k < MAX_KINDS && let_go_of_kind[k]; k++)
+        let_go_of_kind[k](handle);
     struct seen *s;
     ipcc_lock();
     ipcc_ledger_remember_let_go(handle);
     HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
-    if (s)
+    if (s && s->stamp == before)
         forget_seen(s, 1);
     ipcc_unlock();
-    for (int k = 0; k < MAX_KINDS && let_go_of_kind[k]; k++)
-        let_go_of_kind[k](handle);
 }
 
 /* ---- exporters that exited, handles unlisted --------------------------- */
@@ -339,12 +355,15 @@ static int record(int me, const void *handle, struct ipcc_proc owner)
     struct seen *s;
     ipcc_lock();
     HASH_FIND(hh, seen, handle, IPCC_HANDLE_BYTES, s);
+    if (s)
+        s->stamp = ++last_stamp;
     int i = s ? -1 : exporter_index(owner);
     if (i >= 0 && (s = ipcc_mem_calloc(1, sizeof(*s))) != NULL) {
         if (HASH_COUNT(seen) >= MAX_SEEN)
             forget_seen(seen, 0);
         memcpy(s->handle, handle, IPCC_HANDLE_BYTES);
         s->exporter = i;
+        s->stamp = ++last_stamp;
         exporters[i].handles++;
         seen_oom = 0;
         HASH_ADD(hh, seen, handle, IPCC_HANDLE_BYTES, s);

@@ -512,6 +512,10 @@ Test(ghost, fork_child_of_exporter_frees_nothing_of_the_parent, .timeout = 40)
 Test(ghost, fork_child_of_importer_answers_for_itself, .timeout = 40)
 {
     /* An importer's fork child that caches a mapping of its own registers and lets go on its own. */
+    if (getenv("IPCC_TEST_PRELOAD_PREFIX"))
+        cr_skip_test("GCC's ASan runtime: a fork child of a multithreaded process may inherit its "
+                     "allocator's lock held, and the child's first new thread (the release helper) "
+                     "then waits for it forever in AsanThread::Init (seen with gdb, 2 runs in 6)");
     struct peer exp, imp;
     start_pair(&exp, &imp, NULL);
     struct exported a = export(&exp, 16 * MIB), b = export(&exp, 32 * MIB);
