@@ -179,6 +179,19 @@ static int importers_gone(void)
     return 1;
 }
 
+/* What is still pinned after the last exporter's free, and by whom (the
+ * importers' pids are importers.csv's): where to look when it is not 0. */
+static void write_ghosts(void)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/ghosts.txt", sv.out);
+    FILE *f = fopen(path, "we");
+    if (!f)
+        return;
+    fakecuda_phys_ghost_list(f);
+    fclose(f);
+}
+
 static void summary(double seconds, uint64_t pinned_after_free, double pinned_wait, uint64_t pinned_end)
 {
     char path[4200];
@@ -282,6 +295,7 @@ static int run(int argc, char **argv)
         soak_sleep_ms(100);
         pinned_after_free = fakecuda_phys_bytes();
     }
+    write_ghosts();
     soak_record_ask(sv.b, sv.lib != NULL);
     soak_sleep_ms(50);
     soak_record_row(&rec, sv.b, soak_now() - start, exporters_alive(), sv.exp_starts);

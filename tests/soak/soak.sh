@@ -46,7 +46,7 @@ preload=$lib${SOAK_PRELOAD_EXTRA:+ $SOAK_PRELOAD_EXTRA}
 "$build/tests/soak" run "$tmp/with" "$seconds" "$seed" "$exporters" "$importers" "$preload" || exit 2
 for run in with without; do
     mkdir -p "$out/$run"
-    cp "$tmp/$run"/{importers.csv,machine.csv,summary.txt} "$out/$run/"
+    cp "$tmp/$run"/{importers.csv,machine.csv,summary.txt,ghosts.txt} "$out/$run/"
     cp -r "$tmp/$run/logs" "$out/$run/"
 done
 

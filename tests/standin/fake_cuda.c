@@ -1329,3 +1329,25 @@ unsigned long long fakecuda_ctx_serial(CUcontext ctx)
     unlock();
     return id;
 }
+
+/* Each allocation fakecuda_phys_ghost_total counts, a line each: its owner,
+ * serial, bytes, whether the owner freed it or died, and each live process
+ * that maps it with its count. */
+void fakecuda_phys_ghost_list(FILE *out)
+{
+    struct phys_book *b = phys_lock();
+    if (!b) return;
+    for (int i = 0; i < PHYS_ALLOCS; i++) {
+        const struct phys_alloc *a = &b->allocs[i];
+        if (!(a->used && phys_gone(a) && phys_mapped(b, a))) continue;
+        fprintf(out, "owner %lld serial %llu bytes %llu %s; mapped by", (long long)a->owner,
+                (unsigned long long)a->serial, (unsigned long long)a->bytes, a->freed ? "freed" : "died");
+        for (int j = 0; j < PHYS_HOLDERS; j++) {
+            const struct phys_holder *h = &b->holders[j];
+            if (h->count > 0 && h->owner == a->owner && h->serial == a->serial && phys_alive(h->holder))
+                fprintf(out, " %lld (x%lld)", (long long)h->holder, (long long)h->count);
+        }
+        fputc('\n', out);
+    }
+    phys_unlock();
+}

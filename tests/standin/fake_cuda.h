@@ -19,6 +19,7 @@
 #define IPCCACHE_TESTS_FAKE_CUDA_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <cuda.h>
 
 #ifdef __cplusplus
@@ -99,6 +100,10 @@ uint64_t fakecuda_phys_held_count(int64_t pid);
  * once). What a cache that does not honour the free pins. */
 uint64_t fakecuda_phys_ghost_bytes(int64_t pid);
 uint64_t fakecuda_phys_ghost_total(void);
+/* Those allocations, a line each on out: owner, serial, bytes, "freed" or
+ * "died", and the processes that map them (what the soak writes after the
+ * last free). */
+void fakecuda_phys_ghost_list(FILE *out);
 
 /* CUDA 13's <cuda.h> no longer declares the 3-argument context creator (its
  * cuCtxCreate macro means cuCtxCreate_v4); the fake exports it. */
