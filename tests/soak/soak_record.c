@@ -90,8 +90,10 @@ void soak_record_row(struct soak_record *r, struct soak_board *b, double t, int 
         const struct soak_importer_slot *s = &b->imp[i];
         pid_t pid = atomic_load(&s->pid);
         struct soak_proc_sample p;
+        struct fakecuda_held held;
         char path[4200];
         soak_sample_proc(pid, &p);
+        fakecuda_phys_held(pid, &held);
         snprintf(path, sizeof(path), "%s/imp-%d", r->stats_dir, (int)pid);
         soak_sample_read_stats(path, &last[i]);
         opens += COUNT(opens);
@@ -103,9 +105,8 @@ void soak_record_row(struct soak_record *r, struct soak_board *b, double t, int 
                 (unsigned long long)COUNT(rebuilds), (unsigned long long)COUNT(forks),
                 (unsigned long long)COUNT(resets), (unsigned long long)p.rss_kib,
                 (unsigned long long)p.fds, (int)atomic_load(&s->fd_limit),
-                (unsigned long long)fakecuda_phys_held_bytes(pid),
-                (unsigned long long)fakecuda_phys_held_count(pid),
-                (unsigned long long)fakecuda_phys_ghost_bytes(pid));
+                (unsigned long long)held.bytes, (unsigned long long)held.allocs,
+                (unsigned long long)held.ghost_bytes);
         soak_sample_lib_row(r->importers, &last[i]);
         fputc('\n', r->importers);
     }

@@ -1177,53 +1177,39 @@ uint64_t fakecuda_phys_bytes(void)
     uint64_t total = 0;
     for (int i = 0; i < PHYS_ALLOCS; i++) {
         const struct phys_alloc *a = &b->allocs[i];
-        if (a->used && ((!a->freed && phys_alive(a->owner)) || phys_mapped(b, a)))
+        if (a->used && (!phys_gone(a) || phys_mapped(b, a)))
             total += a->bytes;
     }
     phys_unlock();
     return total;
 }
 
-/* Bytes the process pid maps (or holds imported) of the allocations in the
- * book, every one or only those whose owner freed them or exited; *count,
- * when asked, how many allocations those are. */
-static uint64_t phys_held(int64_t pid, int gone_only, uint64_t *count)
+/* What the process pid maps (or holds imported) of the allocations in the
+ * book, in one look: every one, and of those the ones whose owner freed
+ * them or exited. */
+void fakecuda_phys_held(int64_t pid, struct fakecuda_held *out)
 {
     struct phys_book *b = phys_lock();
-    uint64_t total = 0, n = 0;
+    *out = (struct fakecuda_held){0};
     for (int i = 0; b && i < PHYS_HOLDERS; i++) {
         const struct phys_holder *h = &b->holders[i];
         for (int j = 0; h->count > 0 && h->holder == pid && j < PHYS_ALLOCS; j++) {
             const struct phys_alloc *a = &b->allocs[j];
             if (a->used && a->owner == h->owner && a->serial == h->serial) {
-                if (!gone_only || phys_gone(a)) {
-                    total += a->bytes;
-                    n++;
-                }
+                out->bytes += a->bytes;
+                out->allocs++;
+                out->ghost_bytes += phys_gone(a) ? a->bytes : 0;
                 break;
             }
         }
     }
     if (b) phys_unlock();
-    if (count) *count = n;
-    return total;
 }
 
-uint64_t fakecuda_phys_held_bytes(int64_t pid)
+/* Freed (or of an owner that exited) and still mapped by a live process. */
+static int phys_ghost(const struct phys_book *b, const struct phys_alloc *a)
 {
-    return phys_held(pid, 0, NULL);
-}
-
-uint64_t fakecuda_phys_held_count(int64_t pid)
-{
-    uint64_t n;
-    phys_held(pid, 0, &n);
-    return n;
-}
-
-uint64_t fakecuda_phys_ghost_bytes(int64_t pid)
-{
-    return phys_held(pid, 1, NULL);
+    return a->used && phys_gone(a) && phys_mapped(b, a);
 }
 
 /* Each allocation freed (or of an owner that exited) that a live process
@@ -1235,7 +1221,7 @@ uint64_t fakecuda_phys_ghost_total(void)
     uint64_t total = 0;
     for (int i = 0; i < PHYS_ALLOCS; i++) {
         const struct phys_alloc *a = &b->allocs[i];
-        if (a->used && phys_gone(a) && phys_mapped(b, a))
+        if (phys_ghost(b, a))
             total += a->bytes;
     }
     phys_unlock();
@@ -1339,7 +1325,7 @@ void fakecuda_phys_ghost_list(FILE *out)
     if (!b) return;
     for (int i = 0; i < PHYS_ALLOCS; i++) {
         const struct phys_alloc *a = &b->allocs[i];
-        if (!(a->used && phys_gone(a) && phys_mapped(b, a))) continue;
+        if (!phys_ghost(b, a)) continue;
         fprintf(out, "owner %lld serial %llu bytes %llu %s; mapped by", (long long)a->owner,
                 (unsigned long long)a->serial, (unsigned long long)a->bytes, a->freed ? "freed" : "died");
         for (int j = 0; j < PHYS_HOLDERS; j++) {

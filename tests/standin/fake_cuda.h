@@ -90,15 +90,14 @@ const char *fakecuda_handle_magic(void);
  * no live process maps it. 0 when the variable is unset. */
 uint64_t fakecuda_phys_bytes(void);
 
-/* Of those, the bytes process pid maps or holds imported (0 when unset). */
-uint64_t fakecuda_phys_held_bytes(int64_t pid);
-/* How many allocations those are (each once, in all its contexts). */
-uint64_t fakecuda_phys_held_count(int64_t pid);
+/* Of those, what process pid maps or holds imported (all 0 when unset):
+ * bytes and allocations (each once, in all its contexts), and the bytes that
+ * outlive their owner's free (or exit) only because they are still mapped,
+ * what a cache that does not honour the free pins. */
+struct fakecuda_held { uint64_t bytes, allocs, ghost_bytes; };
+void fakecuda_phys_held(int64_t pid, struct fakecuda_held *out);
 
-/* Of those, what outlives its owner's free (or exit) only because it is
- * still mapped: by process pid, and by any live process (each allocation
- * once). What a cache that does not honour the free pins. */
-uint64_t fakecuda_phys_ghost_bytes(int64_t pid);
+/* Those last bytes for every live process together (each allocation once). */
 uint64_t fakecuda_phys_ghost_total(void);
 /* Those allocations, a line each on out: owner, serial, bytes, "freed" or
  * "died", and the processes that map them (what the soak writes after the
