@@ -3,7 +3,7 @@
 #
 # Needs an NVIDIA GPU; without one it says so and exits 77 (skipped).  Builds
 # tests/gpu/ipc_pair.cu with nvcc (cudart static and shared), ctx_teardown.cu,
-# ctx_ids.c, ghost_teardown.cu and the VMM programs (vmm_errors.cu, vmm_rebuild.c, vmm_ghost.c) into build/gpu/, runs every program
+# ctx_ids.c, ghost_teardown.cu, exporter_exit.c and the VMM programs (vmm_errors.cu, vmm_rebuild.c, vmm_ghost.c) into build/gpu/, runs every program
 # once without and once with the shim, and compares.  PyTorch runs twice:
 # legacy IPC, and expandable segments (the VMM path).
 #
@@ -94,7 +94,7 @@ build() {
         ok=1
     fi
     local prog src
-    for src in ctx_teardown.cu ctx_ids.c ghost_teardown.cu vmm_errors.cu vmm_rebuild.c vmm_ghost.c; do
+    for src in ctx_teardown.cu ctx_ids.c ghost_teardown.cu exporter_exit.c vmm_errors.cu vmm_rebuild.c vmm_ghost.c; do
         prog=${src%.*}
         # shellcheck disable=SC2086  # $arch is several words on purpose
         if "$NVCC" -O2 $arch -o "$BUILD_DIR/$prog" "$HERE/$src" \
@@ -430,6 +430,21 @@ ghost_teardown_suite() {
     done
 }
 
+# An exited exporter's handle opened (exporter_exit.c): the driver's answer
+# in each case (printed: a fact the stand-in must mimic), and the library's
+# the same in each.
+exporter_exit_suite() {
+    local off=$OUT_DIR/exporter_exit_off.txt on=$OUT_DIR/exporter_exit_on.txt
+    local sdir=$OUT_DIR/exporter_exit_stats c a b
+    run_plain "$off" "$BUILD_DIR/exporter_exit"
+    run_shim "$on" "$sdir" "$BUILD_DIR/exporter_exit"
+    for c in unheld_zombie unheld_reaped held_before other_after same_held_after same_reopen_after; do
+        a=$(grep "^case=$c " "$off" | sed 's/^case=[^ ]* //') b=$(grep "^case=$c " "$on" | sed 's/^case=[^ ]* //')
+        echo "    $c: without shim ${a:-?}; with shim ${b:-?}"
+        check "exporter_exit_${c}_as_without" test -n "$a" -a "$a" = "$b"
+    done
+}
+
 # The same on the VMM path (vmm_ghost.c): the exporter's cuMemRelease of
 # chunks it exported, which the importer rebuilt and dropped (with the shim:
 # cached, idle, the importer still alive), gives GPU 0's memory back as
@@ -490,6 +505,7 @@ main() {
     fi
     ghost_suite
     ghost_teardown_suite
+    exporter_exit_suite
     vmm_ghost_suite
     if torch_ready; then
         torch_suite

@@ -3,7 +3,6 @@
  * Only the importer's first thread rebuilds, so the kept fds need no lock.
  */
 #define _GNU_SOURCE
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -46,15 +45,16 @@ void soak_rebuild_forget(void)
 /* The fds of slot e's current segment, fetched from its exporter when
  * they are not kept; NULL when the exporter does not answer (it died).
  * Kept fds stand for the pidfd_getfd copies PyTorch takes from the live
- * exporter at each rebuild: none is taken from one that exited (the
- * library cannot tell whose export such an fd is: docs/limits.md). */
+ * exporter at each rebuild: none is taken from one that exited, a zombie
+ * included (the library cannot tell whose export such an fd is:
+ * docs/limits.md). */
 static struct received *fds_of(struct soak_board *b, const char *run, int e)
 {
     struct soak_exporter_slot *x = &b->exp[e];
     uint64_t pid = (uint64_t)atomic_load(&x->pid), epoch = atomic_load(&x->vmm_epoch);
     for (int i = 0; i < KEPT; i++)
         if (kept[i].n && kept[i].slot == e && kept[i].pid == pid && kept[i].epoch == epoch)
-            return kill((pid_t)pid, 0) == 0 ? &kept[i] : NULL;
+            return soak_alive((int)pid) ? &kept[i] : NULL;
     struct received *r = &kept[next_victim];
     next_victim = (next_victim + 1) % KEPT;
     forget(r);
