@@ -53,7 +53,7 @@ SHIM_SRC = shim/entry/hooks.c shim/entry/resolve.c shim/entry/wiring.c \
 LEGACY_TABLE = shim/tables/legacy_table.c shim/tables/legacy_loans.c
 VMM_TABLE    = shim/tables/vmm_table.c shim/tables/vmm_ranges.c shim/tables/vmm_predict.c
 # The release ledger alone (unit-tested without CUDA).
-LEDGER_SRC = shim/ledger/ledger.c shim/ledger/ledger_request.c
+LEDGER_SRC = shim/ledger/ledger.c shim/ledger/ledger_request.c shim/ledger/ledger_ended.c
 # The settings parser and what it needs (also ipccache-config).
 BASE_SRC   = shim/base/config.c shim/base/log.c shim/base/fmt.c
 # The dlsym trampoline is assembly, one file per architecture.

@@ -3,7 +3,7 @@
  * exported allocations and the importers' slots. Requests live in
  * ledger_request.c; the layout in ledger_impl.h.
  *
- * One file per user, "release-ledger-v4" in the per-user directory (0700, so
+ * One file per user, "release-ledger-v5" in the per-user directory (0700, so
  * another user can neither read nor write it), opened without following links
  * and refused unless it is a regular file of ours, mode 0600, of the expected
  * size. Without it (no directory, refused, out of memory) nothing breaks:
@@ -180,7 +180,8 @@ static int claim_let_go(struct ipcc_ledger_export *e, int32_t owner, int32_t me)
  * too). Pass 0 takes only free entries, pass 1 let-go ones as well: a handle
  * let go of, or whose exporter died, stays known as such (its memory lives
  * while someone maps it, and an import of it must not be kept) as long as
- * the table has room. */
+ * the table has room, and after that while the ring of ended listings
+ * holds it (ledger_ended.c). */
 static int claim_export(struct ipcc_ledger_export *e, int32_t me, int pass)
 {
     int32_t owner = atomic_load(&e->pid);
@@ -188,10 +189,14 @@ static int claim_export(struct ipcc_ledger_export *e, int32_t me, int pass)
         return 0;
     if (owner != 0 && pass == 1 && atomic_load(&e->ready) != IPCC_EXPORT_LET_GO)
         return 0;
-    if (owner != 0 && atomic_load(&e->ready) == IPCC_EXPORT_LET_GO)
+    if (owner != 0 && atomic_load(&e->ready) == IPCC_EXPORT_LET_GO) {
+        ipcc_ledger_listing_ends(e);
         return claim_let_go(e, owner, me);
+    }
     if (owner != 0 && (owner == me || ipcc_proc_alive(owner, 0)))
         return 0;
+    if (owner != 0)
+        ipcc_ledger_listing_ends(e);
     if (!atomic_compare_exchange_strong(&e->pid, &owner, me))
         return 0;
     atomic_store(&e->ready, IPCC_EXPORT_WRITING); /* a dead owner's entry may still say ready */
@@ -305,6 +310,10 @@ int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
             *owner = who;
             found = IPCC_LEDGER_LET_GO;
         }
+    }
+    if (!found && ipcc_ledger_listing_ended(handle)) {
+        *owner = (struct ipcc_proc){ 0 }; /* its entry went to another export */
+        found = IPCC_LEDGER_LET_GO;
     }
     return found;
 }

@@ -18,8 +18,10 @@ IPCC_HIDDEN int ipcc_ledger_ready(void);
 IPCC_HIDDEN int ipcc_ledger_publish(const void *handle);
 IPCC_HIDDEN void ipcc_ledger_unpublish(const void *handle);
 /* ipcc_ledger_owner: 1 listed by *owner; IPCC_LEDGER_LET_GO once *owner
- * unlisted it (its free is under way); 0 unknown (no exporter with the
- * library, or an entry taken over since). */
+ * unlisted it (its free is under way), or once a new export took over its
+ * entry after its let-go or its exporter's death (*owner zeros then; for the
+ * last 8,192 such); 0 unknown (no exporter with the library, or a listing
+ * ended longer ago). */
 #define IPCC_LEDGER_LET_GO (-1)
 IPCC_HIDDEN int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner);
 IPCC_HIDDEN int ipcc_ledger_unpublished(void);

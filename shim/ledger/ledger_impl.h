@@ -14,13 +14,15 @@
 
 #include "ledger.h"
 
-#define IPCC_LEDGER_MAGIC 0x34676c6363706969ULL /* "iipccgl4" */
-#define IPCC_LEDGER_NAME "release-ledger-v4"
+#define IPCC_LEDGER_MAGIC 0x35676c6363706969ULL /* "iipccgl5" */
+#define IPCC_LEDGER_NAME "release-ledger-v5"
 /* A fleet of trainers lists a few hundred weights each: kept under half full,
  * a handle's 32 probes never all find their entries taken. */
 #define IPCC_LEDGER_EXPORTS 4096
 #define IPCC_LEDGER_PROBES 32
 #define IPCC_LEDGER_WATCH 16
+/* Ended listings remembered (ledger_ended.c): 64 KiB. */
+#define IPCC_LEDGER_ENDED 8192
 
 /* An export entry's ready word. LET_GO: its exporter unlisted the handle
  * (its free or its context's teardown is under way), so that an importer
@@ -76,6 +78,9 @@ struct ipcc_ledger_file {
     struct ipcc_ledger_importer importers[IPCC_LEDGER_IMPORTERS];
     struct ipcc_ledger_request requests[IPCC_LEDGER_REQUESTS];
     struct ipcc_ledger_export exports[IPCC_LEDGER_EXPORTS];
+    _Atomic uint32_t ended_next;  /* where the next ended listing goes */
+    uint32_t zero_pad2;
+    _Atomic uint64_t ended[IPCC_LEDGER_ENDED]; /* fingerprints; 0: empty */
 };
 
 _Static_assert(IPCC_LEDGER_IMPORTERS <= 64, "expected is a 64-bit mask");
@@ -84,6 +89,12 @@ _Static_assert(IPCC_LEDGER_IMPORTERS <= 64, "expected is a 64-bit mask");
 IPCC_HIDDEN struct ipcc_ledger_file *ipcc_ledger_file(void);
 /* Where a handle's probe sequence starts (modulo IPCC_LEDGER_EXPORTS). */
 IPCC_HIDDEN uint32_t ipcc_ledger_handle_hash(const unsigned char *h);
+
+/* ledger_ended.c: a handle's 64-bit fingerprint (never 0); the listings new
+ * exports took over (their handles let go of, or of dead exporters). */
+IPCC_HIDDEN uint64_t ipcc_ledger_fingerprint(const unsigned char *handle);
+IPCC_HIDDEN void ipcc_ledger_listing_ends(const struct ipcc_ledger_export *e);
+IPCC_HIDDEN int ipcc_ledger_listing_ended(const unsigned char *handle);
 
 /* ledger_let_go_ring.c: fingerprints of the handles this importer let go
  * of (table lock held). */

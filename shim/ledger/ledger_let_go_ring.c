@@ -17,18 +17,10 @@ static uint64_t ring[RING];
 static unsigned next, used; /* used: places filled, so an importer that never
                              * let go of anything scans none on a miss */
 
-static uint64_t fingerprint(const unsigned char *h)
-{
-    uint64_t x = 14695981039346656037ull;
-    for (int i = 0; i < IPCC_HANDLE_BYTES; i++)
-        x = (x ^ h[i]) * 1099511628211ull;
-    return x | 1; /* 0 marks an empty place */
-}
-
 /* Lock held. */
 int ipcc_ledger_was_let_go(const unsigned char *handle)
 {
-    uint64_t f = fingerprint(handle);
+    uint64_t f = ipcc_ledger_fingerprint(handle);
     for (unsigned i = 0; i < used; i++)
         if (ring[i] == f)
             return 1;
@@ -40,7 +32,7 @@ void ipcc_ledger_remember_let_go(const unsigned char *handle)
 {
     if (ipcc_ledger_was_let_go(handle))
         return;
-    ring[next] = fingerprint(handle);
+    ring[next] = ipcc_ledger_fingerprint(handle);
     next = (next + 1) % RING;
     if (used < RING)
         used++;

@@ -26,7 +26,7 @@
 /* A published handle and the allocation it names: what its bytes hold. */
 struct soak_handle {
     unsigned char bytes[CU_IPC_HANDLE_SIZE];
-    uint64_t pid, serial, size;
+    uint64_t pid, serial, size; /* pid 0: withdrawn (its allocation is being freed) */
 };
 
 /* One exporter's place; replaced exporters take it over (generation). The

@@ -39,7 +39,9 @@ static struct {
     int listen_fd;
 } x;
 
-static void publish_alloc(struct soak_handle *h, CUdeviceptr *p, size_t bytes)
+/* Allocates and exports bytes; the handle and what it names in *h, not
+ * yet published. */
+static void alloc_export(struct soak_handle *h, CUdeviceptr *p, size_t bytes)
 {
     CUipcMemHandle ih;
     vmm_must(cuMemAlloc(p, bytes), "cuMemAlloc");
@@ -61,6 +63,30 @@ static void free_alloc(CUdeviceptr *p)
     *p = 0;
 }
 
+/* A published handle is withdrawn (pid 0: importers skip it) before its
+ * free, and the free happens outside the slot's write: a free waits for the
+ * importers' let-go, and importers must not spin on the slot meanwhile. An
+ * importer that copied the handle before may still open it during the free:
+ * the program's own race, as in a real fleet. */
+static void withdraw(struct soak_handle *h)
+{
+    soak_write_begin(x.e);
+    h->pid = 0;
+    soak_write_end(x.e);
+}
+
+/* Frees the allocation behind a published handle and publishes a new one of bytes. */
+static void replace_alloc(struct soak_handle *h, CUdeviceptr *p, size_t bytes)
+{
+    struct soak_handle fresh;
+    withdraw(h);
+    free_alloc(p);
+    alloc_export(&fresh, p, bytes);
+    soak_write_begin(x.e);
+    *h = fresh;
+    soak_write_end(x.e);
+}
+
 static void make_segment(void)
 {
     CUmemAllocationProp prop = vmm_fd_prop();
@@ -75,21 +101,32 @@ static void make_segment(void)
     atomic_fetch_add(&x.e->vmm_epoch, 1);
 }
 
-/* Everything allocated and published (at start and after a reset). */
+/* Everything allocated, then published in one write (at start and after a reset). */
 static void make_all(void)
 {
-    soak_write_begin(x.e);
-    publish_alloc(&x.e->pool, &x.pool, 256 * MIB);
+    static struct soak_handle weights[SOAK_MAX_WEIGHTS];
+    struct soak_handle pool;
+    alloc_export(&pool, &x.pool, 256 * MIB);
     for (unsigned i = 0; i < x.e->nweights; i++)
-        publish_alloc(&x.e->weights[i], &x.weights[i], (1 + soak_pick(&x.rnd, 8)) * MIB);
+        alloc_export(&weights[i], &x.weights[i], (1 + soak_pick(&x.rnd, 8)) * MIB);
+    soak_write_begin(x.e);
+    x.e->pool = pool;
+    memcpy(x.e->weights, weights, sizeof(weights[0]) * x.e->nweights);
     make_segment();
     atomic_store(&x.e->pid, (int32_t)getpid());
     soak_write_end(x.e);
 }
 
+/* Everything withdrawn in one write, then freed. */
 static void free_all(void)
 {
     soak_write_begin(x.e);
+    x.e->pool.pid = 0;
+    for (unsigned i = 0; i < x.e->nweights; i++)
+        x.e->weights[i].pid = 0;
+    for (int i = 0; i < SOAK_FRESH; i++)
+        x.e->fresh[i].pid = 0;
+    soak_write_end(x.e);
     free_alloc(&x.pool);
     for (unsigned i = 0; i < x.e->nweights; i++)
         free_alloc(&x.weights[i]);
@@ -99,7 +136,6 @@ static void free_all(void)
         vmm_must(cuMemRelease(x.chunk[k]), "cuMemRelease");
         close(x.chunk_fd[k]);
     }
-    soak_write_end(x.e);
 }
 
 /* A new buffer in the ring's next place; the one it replaces is freed. */
@@ -107,11 +143,8 @@ static void fresh_buffer(void)
 {
     uint64_t n = atomic_load(&x.e->fresh_next);
     int i = (int)(n % SOAK_FRESH);
-    soak_write_begin(x.e);
-    free_alloc(&x.fresh[i]);
-    publish_alloc(&x.e->fresh[i], &x.fresh[i], (2 + soak_pick(&x.rnd, 6)) * MIB);
+    replace_alloc(&x.e->fresh[i], &x.fresh[i], (2 + soak_pick(&x.rnd, 6)) * MIB);
     atomic_store(&x.e->fresh_next, n + 1);
-    soak_write_end(x.e);
 }
 
 /* A trainer's step changed some weights: freed and shared again. */
@@ -120,10 +153,7 @@ static void reshare_weights(void)
     unsigned n = 1 + soak_pick(&x.rnd, x.e->nweights / 8 + 1);
     for (unsigned k = 0; k < n; k++) {
         unsigned i = soak_pick(&x.rnd, x.e->nweights);
-        soak_write_begin(x.e);
-        free_alloc(&x.weights[i]);
-        publish_alloc(&x.e->weights[i], &x.weights[i], (1 + soak_pick(&x.rnd, 8)) * MIB);
-        soak_write_end(x.e);
+        replace_alloc(&x.e->weights[i], &x.weights[i], (1 + soak_pick(&x.rnd, 8)) * MIB);
     }
 }
 

@@ -70,7 +70,8 @@ static CUresult open_handle(const struct soak_handle *h, CUdeviceptr *p)
 static void pool_op(struct worker *w)
 {
     struct soak_handle h;
-    if (!soak_read_slot(&im.b->exp[soak_pick(&w->rnd, (unsigned)exporters())], copy_pool, &h))
+    if (!soak_read_slot(&im.b->exp[soak_pick(&w->rnd, (unsigned)exporters())], copy_pool, &h) ||
+        !h.pid) /* withdrawn: being freed */
         return;
     CUdeviceptr p[3];
     int refs = 1 + (soak_pick(&w->rnd, 8) == 0) * (1 + (int)soak_pick(&w->rnd, 2)), held = 0;
@@ -101,7 +102,7 @@ static void fresh_op(struct worker *w)
 {
     int e = (int)soak_pick(&w->rnd, (unsigned)exporters());
     struct fresh_pick f;
-    if (!soak_read_slot(&im.b->exp[e], copy_fresh, &f) || !f.n)
+    if (!soak_read_slot(&im.b->exp[e], copy_fresh, &f) || !f.n || !f.h.pid)
         return;
     uint64_t seen = atomic_load(&im.fresh_claimed[e]);
     if (seen >= f.n || !atomic_compare_exchange_strong(&im.fresh_claimed[e], &seen, f.n))
@@ -136,6 +137,8 @@ static void sync_op(struct worker *w)
         return;
     unsigned held = 0;
     for (unsigned i = 0; i < ws.n; i++) {
+        if (!ws.h[i].pid) /* withdrawn: being freed and shared again */
+            continue;
         atomic_fetch_add_explicit(&w->c->opens, 1, memory_order_relaxed);
         if (soak_check_rc(w->c, SOAK_OPEN, open_handle(&ws.h[i], &p[held]), "open of a weight") &&
             soak_check_value(w->c, p[held], ws.h[i].pid, ws.h[i].serial, "a weight"))
@@ -154,7 +157,8 @@ static void refused_op(struct worker *w)
     struct soak_handle h;
     CUdeviceptr p = 0;
     unsigned kind = soak_pick(&w->rnd, 3);
-    if (kind < 2 && !soak_read_slot(&im.b->exp[soak_pick(&w->rnd, (unsigned)exporters())], copy_pool, &h))
+    if (kind < 2 && (!soak_read_slot(&im.b->exp[soak_pick(&w->rnd, (unsigned)exporters())], copy_pool, &h) ||
+                     !h.pid))
         return;
     if (kind == 0) {
         CUipcMemHandle ih;

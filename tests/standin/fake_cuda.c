@@ -1100,7 +1100,7 @@ static void phys_note_alloc(uint64_t serial, uint64_t bytes)
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < PHYS_ALLOCS; i++) {
             if (!b->allocs[i].used) {
-                b->allocs[i] = (struct phys_alloc){getpid(), serial, bytes, 1, 0};
+                b->allocs[i] = (struct phys_alloc){g_phys.pid, serial, bytes, 1, 0};
                 phys_unlock();
                 return;
             }
@@ -1114,8 +1114,9 @@ static void phys_note_free(uint64_t serial)
 {
     struct phys_book *b = phys_lock();
     if (!b) return;
+    int64_t me = g_phys.pid; /* getpid() is a system call: not once per row */
     for (int i = 0; i < PHYS_ALLOCS; i++)
-        if (b->allocs[i].used && b->allocs[i].owner == getpid() && b->allocs[i].serial == serial)
+        if (b->allocs[i].used && b->allocs[i].owner == me && b->allocs[i].serial == serial)
             b->allocs[i].freed = 1;
     phys_unlock();
 }
@@ -1126,9 +1127,10 @@ static void phys_note_map(uint64_t owner, uint64_t serial, int delta)
     struct phys_book *b = phys_lock();
     if (!b) return;
     struct phys_holder *h = NULL, *empty = NULL;
+    int64_t me = g_phys.pid; /* getpid() is a system call: not once per row */
     for (int i = 0; i < PHYS_HOLDERS && !h; i++) {
         struct phys_holder *x = &b->holders[i];
-        if (x->count > 0 && x->holder == getpid() && x->owner == (int64_t)owner && x->serial == serial)
+        if (x->count > 0 && x->holder == me && x->owner == (int64_t)owner && x->serial == serial)
             h = x;
         else if (x->count <= 0 && !empty)
             empty = x;
@@ -1139,7 +1141,7 @@ static void phys_note_map(uint64_t owner, uint64_t serial, int delta)
             if (b->holders[i].count <= 0) empty = &b->holders[i];
     }
     if (!h && delta > 0 && empty)
-        *(h = empty) = (struct phys_holder){getpid(), (int64_t)owner, serial, 0};
+        *(h = empty) = (struct phys_holder){me, (int64_t)owner, serial, 0};
     if (h) h->count += delta; /* a fork child unmapping its parent's: no record */
     phys_unlock();
 }

@@ -609,7 +609,7 @@ check "stats: --all with no process: says when a process appears" eval 'rc_is 0 
     out_has "no process with an ipccache marker found (a process appears after its first CUDA IPC call)"'
 stats --help
 check "stats: --help explains the ledger file left in the per-user folder" eval 'rc_is 0 &&
-    tr -s " \n" "  " <"$tmp/out" | grep -qF "release-ledger-v4"'
+    tr -s " \n" "  " <"$tmp/out" | grep -qF "release-ledger-v5"'
 stop_fakes
 
 # ---------------------------------------------------------------------------

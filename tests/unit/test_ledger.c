@@ -264,6 +264,86 @@ Test(ledger, let_go_handle_stays_known_while_a_free_entry_is_near)
     cr_assert_eq(ipcc_ledger_owner(a, &who), IPCC_LEDGER_LET_GO, "the let-go entry was taken");
 }
 
+/* A handle b whose probe sequence starts where a's does. */
+static void same_start_as(unsigned char b[IPCC_HANDLE_BYTES], const unsigned char *a, unsigned char tag)
+{
+    uint32_t at = ipcc_ledger_handle_hash(a) % IPCC_LEDGER_EXPORTS, n = 0;
+    do {
+        handle_of(b, tag);
+        memcpy(b + 1, &n, sizeof(n));
+        n++;
+    } while (ipcc_ledger_handle_hash(b) % IPCC_LEDGER_EXPORTS != at);
+}
+
+/* Every entry but handle's own held by a live exporter's listing: the next
+ * export whose probes start at handle's entry can take only that one. */
+static void hold_all_entries_but(const unsigned char *handle)
+{
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++) {
+        struct ipcc_ledger_export *e = &f->exports[i];
+        if (atomic_load(&e->pid) != 0 && memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0)
+            continue;
+        atomic_store(&e->pid, getppid());
+        atomic_store(&e->ready, IPCC_EXPORT_LISTED);
+    }
+}
+
+/* Lists a (tag atag), ends its listing (unlisted, or its exporter dead), and
+ * has a new export b (tag btag) take its entry, the only one b may take. */
+static void list_then_take_over(unsigned char a[IPCC_HANDLE_BYTES], unsigned char atag,
+                                unsigned char btag, int exporter_dies)
+{
+    unsigned char b[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who;
+    cr_assert_eq(ipcc_ledger_ready(), 1);
+    handle_of(a, atag);
+    same_start_as(b, a, btag);
+    cr_assert_eq(ipcc_ledger_publish(a), 0);
+    hold_all_entries_but(a);
+    if (exporter_dies) {
+        struct ipcc_ledger_file *f = ipcc_ledger_file();
+        pid_t dead = reaped_child();
+        for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+            if (memcmp(f->exports[i].handle, a, IPCC_HANDLE_BYTES) == 0)
+                atomic_store(&f->exports[i].pid, dead);
+        cr_assert_eq(ipcc_ledger_owner(a, &who), 1);
+        cr_assert_eq(who.pid, dead);
+    } else {
+        ipcc_ledger_unpublish(a);
+    }
+    cr_assert_eq(ipcc_ledger_publish(b), 0);
+    cr_assert_eq(ipcc_ledger_owner(b, &who), 1);
+}
+
+Test(ledger, let_go_handle_stays_known_after_its_entry_is_taken)
+{
+    /* The soak's pinned memory, at length: a full table's new exports take let-go entries, and an import of a handle whose entry went so (another importer still maps its memory) was unknown, kept as one of an exporter without the library. The listing's end is remembered past its entry. */
+    unsigned char a[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who;
+    list_then_take_over(a, 9, 10, 0);
+    cr_assert_eq(ipcc_ledger_owner(a, &who), IPCC_LEDGER_LET_GO, "the taken entry's handle is unknown");
+}
+
+Test(ledger, dead_exporters_handle_stays_known_after_its_entry_is_taken)
+{
+    /* The same for an exporter killed before it could unlist: the export that takes its entry ends the listing, and the handle is known as let go. */
+    unsigned char a[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who;
+    list_then_take_over(a, 11, 12, 1);
+    cr_assert_eq(ipcc_ledger_owner(a, &who), IPCC_LEDGER_LET_GO, "the taken entry's handle is unknown");
+}
+
+Test(ledger, unknown_handle_stays_unknown)
+{
+    /* Only a listing that ended is remembered: a handle never listed is of an exporter without the library. */
+    unsigned char a[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who;
+    list_then_take_over(a, 13, 14, 0);
+    handle_of(a, 15);
+    cr_assert_eq(ipcc_ledger_owner(a, &who), 0);
+}
+
 Test(ledger, a_fleets_exports_are_all_listed)
 {
     /* Eight trainers of 250 weights each (the soak's fleet lists about 1,000): every handle is listed, and importers need not listen to every exporter. The old table of 1,024 entries filled at 95%, and the handles it could not list were never let go at their exporter's death. */
