@@ -406,13 +406,5 @@ expect_status "sglang-driver: a transport that does not import fails the run" $?
 expect "sglang-driver: ... and the configuration says so" "$tmp/drv-broken.out" \
     '^sglang-driver: legacy:off: FAILED: no result from the consumer'
 
-# The fetch step's arguments (refused before any download).
-bash "$root/tools/sglang_peer/fetch.sh" --bogus >"$tmp/fetch.out" 2>&1
-expect_status "peer-fetch: an unknown option is a usage error" $? 2
-SGLANG_VERSION="1.0; rm -rf /" bash "$root/tools/sglang_peer/fetch.sh" "$tmp/nofetch" >"$tmp/fetch.out" 2>&1
-expect_status "peer-fetch: a version that is not a release number is a usage error" $? 2
-if [[ ! -e $tmp/nofetch ]]; then ok "peer-fetch: a refused version makes no folder"
-else not_ok "peer-fetch: a refused version makes no folder"; fi
-
 echo "peer-suites: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
