@@ -28,6 +28,11 @@ expect() {
     if grep -Eq -- "$3" "$2"; then ok "$1"; else not_ok "$1 (no line /$3/ in $2)"; sed 's/^/#   /' "$2" | head -n 30; fi
 }
 
+# expect_not NAME FILE PATTERN: one case, no line of FILE matches PATTERN.
+expect_not() {
+    if grep -Eq -- "$3" "$2"; then not_ok "$1 (a line /$3/ in $2)"; sed 's/^/#   /' "$2" | head -n 30; else ok "$1"; fi
+}
+
 # expect_status NAME STATUS WANTED: one case, a command's exit status.
 expect_status() {
     if [[ $2 -eq $3 ]]; then ok "$1"; else not_ok "$1 (status $2, wanted $3)"; fi

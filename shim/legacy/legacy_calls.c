@@ -361,19 +361,19 @@ void ipcc_legacy_forget_context(uint64_t ctx_id)
     IPCC_ADD(invalidations, n);
 }
 
+/* The contexts the cache holds entries of. */
+static size_t cached_contexts(void **ctxs, uint64_t *ids, size_t cap)
+{
+    ipcc_lock();
+    size_t n = ipcc_legacy_contexts(ipcc_budget_legacy(), ctxs, ids, cap);
+    ipcc_unlock();
+    return n;
+}
+
 /* After a primary context release or reset: drop the entries of every
  * context that no longer answers to its id. */
 void ipcc_legacy_sweep_contexts(void)
 {
-    enum { MAX_CONTEXTS = 64 };
-    void *ctxs[MAX_CONTEXTS];
-    uint64_t ids[MAX_CONTEXTS];
-    if (!ipcc_budget_legacy())
-        return;
-    ipcc_lock();
-    size_t n = ipcc_legacy_contexts(ipcc_budget_legacy(), ctxs, ids, MAX_CONTEXTS);
-    ipcc_unlock();
-    for (size_t i = 0; i < n; i++)
-        if (!ipcc_legacy_context_is(ctxs[i], ids[i]))
-            ipcc_legacy_forget_context(ids[i]);
+    if (ipcc_budget_legacy())
+        ipcc_legacy_sweep_dead_contexts(cached_contexts, ipcc_legacy_forget_context);
 }

@@ -13,7 +13,7 @@
 
 typedef CUresult (*close_fn)(CUdeviceptr);
 
-/* ---- contexts (legacy_calls.c and the closes here need the id) ---------- */
+/* ---- contexts (legacy_calls.c, the closes here and the sweeps) --------- */
 
 /* Said once, the first time a call finds no context ids. */
 static void say_no_context_ids(void)
@@ -49,6 +49,21 @@ int ipcc_legacy_context_is(void *ctx, uint64_t id)
 {
     uint64_t now;
     return ipcc_legacy_context_id(ctx, &now) == 0 && now == id;
+}
+
+/* After a primary context release or reset: gone(id) for each context list
+ * names that no longer answers to its id (the cache's entries' contexts, or
+ * those exports were made in). list holds no lock once it returns: gone
+ * takes the table lock and calls the driver. */
+void ipcc_legacy_sweep_dead_contexts(ipcc_legacy_context_list list, ipcc_legacy_context_gone gone)
+{
+    enum { MAX_CONTEXTS = 64 };
+    void *ctxs[MAX_CONTEXTS];
+    uint64_t ids[MAX_CONTEXTS];
+    size_t n = list(ctxs, ids, MAX_CONTEXTS);
+    for (size_t i = 0; i < n; i++)
+        if (!ipcc_legacy_context_is(ctxs[i], ids[i]))
+            gone(ids[i]);
 }
 
 /* ---- mappings being closed --------------------------------------------- */

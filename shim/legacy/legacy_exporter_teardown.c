@@ -39,13 +39,7 @@ void ipcc_legacy_exporter_teardown(uint64_t ctx_id)
 
 void ipcc_legacy_exporter_sweep(void)
 {
-    enum { MAX_CONTEXTS = 64 };
-    void *ctxs[MAX_CONTEXTS];
-    uint64_t ids[MAX_CONTEXTS];
-    if (!ipcc_legacy_exported_any())
-        return;
-    size_t n = ipcc_legacy_export_contexts(ctxs, ids, MAX_CONTEXTS);
-    for (size_t i = 0; i < n; i++)
-        if (!ipcc_legacy_context_is(ctxs[i], ids[i]))
-            ipcc_legacy_exporter_teardown(ids[i]);
+    if (ipcc_legacy_exported_any())
+        ipcc_legacy_sweep_dead_contexts(ipcc_legacy_export_contexts,
+                                        ipcc_legacy_exporter_teardown);
 }

@@ -2,8 +2,9 @@
  * legacy_impl.h - what the legacy kind's files share among themselves,
  * private to shim/legacy/: the list of closes in flight (legacy_close.c),
  * which an open or close that meets one of them waits on, what gives way to
- * an open refused in another context (legacy_give_way.c), and the exporter's
- * table as its teardown reads it. The kind's interface is legacy.h.
+ * an open refused in another context (legacy_give_way.c), the sweep of dead
+ * contexts, and the exporter's table as its teardown reads it. The kind's
+ * interface is legacy.h.
  */
 #ifndef IPCC_LEGACY_IMPL_H
 #define IPCC_LEGACY_IMPL_H
@@ -31,6 +32,13 @@ IPCC_HIDDEN void ipcc_legacy_way_of(struct ipcc_legacy_way *w, uint64_t ctx_id,
 IPCC_HIDDEN size_t ipcc_legacy_close_in_the_way(struct ipcc_legacy_way *w);
 IPCC_HIDDEN size_t ipcc_legacy_close_wait_in_the_way(struct ipcc_legacy_way *w);
 IPCC_HIDDEN int ipcc_legacy_context_is(void *ctx, uint64_t id);
+
+/* legacy_close.c: the loop both sweeps run over their contexts
+ * (ipcc_legacy_sweep_contexts, ipcc_legacy_exporter_sweep). */
+typedef size_t (*ipcc_legacy_context_list)(void **ctxs, uint64_t *ids, size_t cap);
+typedef void (*ipcc_legacy_context_gone)(uint64_t ctx_id);
+IPCC_HIDDEN void ipcc_legacy_sweep_dead_contexts(ipcc_legacy_context_list list,
+                                                 ipcc_legacy_context_gone gone);
 
 /* legacy_exporter.c's table, for legacy_exporter_teardown.c. */
 IPCC_HIDDEN int ipcc_legacy_exported_any(void); /* one load: 0 until something is */

@@ -46,13 +46,12 @@ static size_t close_until_exit(const struct ipcc_legacy_victim *v, size_t n)
 void ipcc_legacy_let_go(const void *handle)
 {
     struct ipcc_legacy_victim v[BATCH];
-    uint64_t live = 0;
     size_t n;
     do {
         if (ipcc_ledger_helper_exiting())
             return;
         ipcc_lock();
-        n = ipcc_legacy_take_idle_by_handle(ipcc_budget_legacy(), handle, v, BATCH, &live);
+        n = ipcc_legacy_take_idle_by_handle(ipcc_budget_legacy(), handle, v, BATCH);
         ipcc_legacy_close_taken(v, n);
         ipcc_unlock();
         IPCC_ADD(releases_on_request, close_until_exit(v, n));

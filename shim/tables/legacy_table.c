@@ -515,15 +515,14 @@ static int same_handle(const void *handle, void *wanted)
 }
 
 /* Removes idle entries of the allocation behind handle, in any context (at
- * most cap), describing them in out[]; the caller closes them. Adds to
- * *live_bytes the bytes of its entries still referenced, which stay, doomed:
- * their last close removes them. A flag per entry, so that however many an
- * exporter frees while the program uses them, none stays mapped after its
- * close. Used when the exporter frees that allocation: an entry opened
- * first through another handle of it holds this one as an alias. */
+ * most cap), describing them in out[]; the caller closes them. Its entries
+ * still referenced stay, doomed (counted once in doomed_bytes): their last
+ * close removes them. A flag per entry, so that however many an exporter
+ * frees while the program uses them, none stays mapped after its close.
+ * Used when the exporter frees that allocation: an entry opened first
+ * through another handle of it holds this one as an alias. */
 size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *handle,
-                                       struct ipcc_legacy_victim *out, size_t cap,
-                                       uint64_t *live_bytes)
+                                       struct ipcc_legacy_victim *out, size_t cap)
 {
     struct ipcc_entry *e, *tmp;
     size_t n = 0;
@@ -532,7 +531,6 @@ size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *
         if (!any_key(e, same_handle, (void *)handle))
             continue;
         if (e->refs > 0) {
-            *live_bytes += e->bytes;
             if (!e->doomed)
                 gauge_add(&c->gauges.doomed_bytes, e->bytes);
             e->doomed = 1;

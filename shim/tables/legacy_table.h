@@ -101,7 +101,6 @@ IPCC_HIDDEN void ipcc_legacy_top_now(const struct ipcc_legacy_table *c, struct i
  * under any of the handles it was opened with; those in use are doomed
  * (their last ipcc_legacy_release answers IPCC_RELEASE_LAST). */
 IPCC_HIDDEN size_t ipcc_legacy_take_idle_by_handle(struct ipcc_legacy_table *c, const void *handle,
-                                                   struct ipcc_legacy_victim *out, size_t cap,
-                                                   uint64_t *live_bytes);
+                                                   struct ipcc_legacy_victim *out, size_t cap);
 
 #endif

@@ -4,38 +4,21 @@
 # nvidia-smi, torch, numba's IPC tests and PyTorch's test file, whose outcomes
 # change on purpose when LD_PRELOAD is set, go through the real script, once
 # per runner (pytest only where it is importable). The preloaded library is a
-# stand-in too: nothing here touches CUDA.
-#
-# Prints "ok - NAME" / "not ok - NAME" per case and ends with the line
-# "peer-suites: N passed, M failed"; exits non-zero on any failure.
+# stand-in too: nothing here touches CUDA. The runner's own skips (no GPU,
+# no copy of a project's tests) are cases here; the pytest runner's cases
+# are skipped where pytest is not importable.
 
 set -u
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=tests/tap.sh
+. "$root/tests/tap.sh"
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(dirname "$(dirname "$here")")
+tap_setup peer
 SCRIPT=$root/tools/peer_suites.sh
 PY=${PYTHON:-python3}
 # The interpreter itself, not a wrapper script: quicker.
 PY=$("$PY" -c 'import sys; print(sys.executable)') || exit 1
-
-unset LD_PRELOAD PYTORCH_CUDA_ALLOC_CONF PEER_SUITES PEER_RUNNER PEER_TIMEOUT
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ipccache-peer.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-
-passed=0 failed=0
-ok() { echo "ok - $1"; passed=$((passed + 1)); }
-not_ok() { echo "not ok - $1"; failed=$((failed + 1)); }
-# expect NAME FILE PATTERN: FILE has a line matching the extended regex PATTERN.
-expect() {
-    if grep -Eq -- "$3" "$2"; then ok "$1"; else not_ok "$1 (no line /$3/ in $2)"; cat "$2"; fi
-}
-# expect_not NAME FILE PATTERN: no line of FILE matches PATTERN.
-expect_not() {
-    if grep -Eq -- "$3" "$2"; then not_ok "$1 (line /$3/ in $2)"; cat "$2"; else ok "$1"; fi
-}
-expect_status() {
-    if [[ $2 -eq $3 ]]; then ok "$1"; else not_ok "$1 (status $2, wanted $3)"; fi
-}
+unset PYTORCH_CUDA_ALLOC_CONF PEER_SUITES PEER_RUNNER PEER_TIMEOUT
 
 # ---- stand-ins ---------------------------------------------------------------
 
@@ -114,8 +97,11 @@ peer() {
 # ---- cases -------------------------------------------------------------------
 
 runners=(unittest)
-"$PY" -c 'import pytest' 2>/dev/null && runners+=(pytest)
-[[ ${#runners[@]} -eq 2 ]] || echo "# (pytest is not installed for $PY: only the unittest runner is exercised here)"
+if "$PY" -c 'import pytest' 2>/dev/null; then
+    runners+=(pytest)
+else
+    skip "pytest: the runner's cases" "pytest is not installed for $PY"
+fi
 
 for r in "${runners[@]}"; do
     peer "$r" "$r-all"
@@ -406,13 +392,4 @@ expect_status "sglang-driver: a transport that does not import fails the run" $?
 expect "sglang-driver: ... and the configuration says so" "$tmp/drv-broken.out" \
     '^sglang-driver: legacy:off: FAILED: no result from the consumer'
 
-# The fetch step's arguments (refused before any download).
-bash "$root/tools/sglang_peer/fetch.sh" --bogus >"$tmp/fetch.out" 2>&1
-expect_status "peer-fetch: an unknown option is a usage error" $? 2
-SGLANG_VERSION="1.0; rm -rf /" bash "$root/tools/sglang_peer/fetch.sh" "$tmp/nofetch" >"$tmp/fetch.out" 2>&1
-expect_status "peer-fetch: a version that is not a release number is a usage error" $? 2
-if [[ ! -e $tmp/nofetch ]]; then ok "peer-fetch: a refused version makes no folder"
-else not_ok "peer-fetch: a refused version makes no folder"; fi
-
-echo "peer-suites: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+tap_summary peer-suites

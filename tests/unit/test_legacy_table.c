@@ -285,7 +285,8 @@ Test(legacy_table, out_of_memory_caches_nothing)
 }
 
 /* Taking by handle removes that allocation's idle entries in every context,
- * leaves its referenced ones (reporting their bytes) and other handles alone. */
+ * leaves its referenced ones (doomed: their bytes counted in doomed_bytes)
+ * and other handles alone. */
 Test(legacy_table, take_idle_by_handle)
 {
     insert(1, 1, 0x1000, 4096);
@@ -298,9 +299,8 @@ Test(legacy_table, take_idle_by_handle)
     struct ipcc_legacy_key k = key(1, 1); /* sets handle_bytes to tag 1 */
     (void)k;
     struct ipcc_legacy_victim v[4];
-    uint64_t live = 0;
-    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 4, &live), 2);
-    cr_assert_eq(live, 8192);
+    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 4), 2);
+    cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->doomed_bytes), 8192);
     cr_assert_eq(v[0].dptr + v[1].dptr, 0x3000);
     cr_assert_eq(ipcc_legacy_table_entries(cache), 2);
     cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->idle), 1);
@@ -317,10 +317,11 @@ Test(legacy_table, taken_entry_in_use_goes_at_its_last_release)
     struct ipcc_legacy_key k = key(1, 1);
     cr_assert_eq(ipcc_legacy_insert(cache, &k, NULL, 0x1000, 4096, 0, &cached), 0);
     struct ipcc_legacy_victim v[2];
-    uint64_t live = 0;
-    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 2, &live), 0);
-    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 2, &live), 0);
-    cr_assert_eq(live, 2 * 4096);
+    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 2), 0);
+    cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->doomed_bytes), 4096);
+    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 2), 0);
+    cr_assert_eq(ipcc_legacy_table_entries(cache), 1);
+    cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->live), 1);
     cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->doomed_bytes), 4096);
     cr_assert_eq(ipcc_legacy_release(cache, 1, 0x1000, 0), IPCC_RELEASE_OK);
     cr_assert_eq(ipcc_legacy_release(cache, 1, 0x1000, 0), IPCC_RELEASE_LAST);
@@ -341,8 +342,8 @@ Test(legacy_table, take_idle_by_handle_finds_an_alias)
     ipcc_legacy_release(cache, 1, 0x1000, 0);
     ipcc_legacy_release(cache, 1, 0x1000, 0);
     struct ipcc_legacy_victim v[2];
-    uint64_t live = 0;
-    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 2, &live), 1);
+    cr_assert_eq(ipcc_legacy_take_idle_by_handle(cache, handle_bytes, v, 2), 1);
+    cr_assert_eq(gauge(&ipcc_legacy_table_gauges(cache)->doomed_bytes), 0);
     cr_assert_eq(v[0].dptr, 0x1000);
     cr_assert_eq(ipcc_legacy_table_entries(cache), 0);
 }

@@ -24,23 +24,16 @@
 #   PYTHON   the pip that downloads (default python3)
 # Exit status: 0 fetched, 1 a download failed, 2 a usage error.
 set -u -o pipefail
+# shellcheck source=tools/peer_fetch.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../peer_fetch.sh"
 
-usage() { sed -n '2,/^set -u/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
-case ${1:-} in
-    -h|--help) usage; exit 0 ;;
-    -*) echo "peer-fetch: unknown option '$1'" >&2; usage >&2; exit 2 ;;
-esac
-[ $# -le 1 ] || { echo "peer-fetch: one PEER_DIR at most" >&2; exit 2; }
-
+fetch_args "$@"
 VLLM_VERSION=${VLLM_VERSION:-0.33.0}
 VERL_VERSION=${VERL_VERSION:-0.9.1}
 OPENRLHF_VERSION=${OPENRLHF_VERSION:-0.11.2}
-for v in "$VLLM_VERSION" "$VERL_VERSION" "$OPENRLHF_VERSION"; do
-    [[ $v =~ ^[0-9]+(\.[0-9]+)+(\.post[0-9]+)?$ ]] ||
-        { echo "peer-fetch: '$v' is not a release number" >&2; exit 2; }
+for v in VLLM_VERSION VERL_VERSION OPENRLHF_VERSION; do
+    fetch_release "$v"
 done
-PYTHON=${PYTHON:-python3}
-DEST=${1:-.peer}/rl
 # The files each weight sync reaches, as the wheels name them (OpenRLHF's
 # wheel keeps its package under openrlhf-<version>.data/purelib/).
 FILES=(vllm/envs.py vllm/config/weight_transfer.py
@@ -57,22 +50,11 @@ FILES=(vllm/envs.py vllm/config/weight_transfer.py
 WHEELS=(pyzmq==27.3.0 pybase64==1.5.1 packaging==26.4 tqdm==4.70.1
         transformers==5.19.0 tokenizers==0.23.2 huggingface-hub==2.4.0 safetensors==0.8.0
         regex==2026.11.19 pyyaml==6.0.4 filelock==4.3.1 fsspec==2026.9.0)
-PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
-           --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64
-           --platform any)
 
-note() { echo "peer-fetch: $*" >&2; }
-die() { note "$*"; exit 1; }
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/rl-fetch.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$DEST" || exit 1
-rm -f "$DEST/MANIFEST"
-
+fetch_begin rl "${1:-}"
 note "vllm $VLLM_VERSION, verl $VERL_VERSION, openrlhf $OPENRLHF_VERSION: their wheels (vllm's is ~330 MiB)"
-"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${PLATFORMS[@]}" -d "$tmp/wheel" "vllm==$VLLM_VERSION" "verl==$VERL_VERSION" \
-    "openrlhf==$OPENRLHF_VERSION" || die "pip could not download the three releases"
+fetch_pip 3.12 "$tmp/wheel" "vllm==$VLLM_VERSION" "verl==$VERL_VERSION" "openrlhf==$OPENRLHF_VERSION" ||
+    die "pip could not download the three releases"
 "$PYTHON" - "$DEST/rl-py.tar.xz" "$tmp"/wheel/*.whl "${FILES[@]}" <<'PYEOF' || die "the wheels' files could not be packed"
 import io, re, sys, tarfile, zipfile
 out_path, rest = sys.argv[1], sys.argv[2:]
@@ -97,18 +79,6 @@ with tarfile.open(out_path, "w:xz") as out:
 print(f"peer-fetch: {len(found)} files of {len(wheels)} wheels", file=sys.stderr)
 PYEOF
 
-note "${#WHEELS[@]} wheels for CPython 3.12"
-"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${PLATFORMS[@]}" -d "$tmp/wheels" "${WHEELS[@]}" || die "pip could not download the wheels"
-(cd "$tmp" && sha256sum -- wheel/*.whl wheels/*.whl | sed 's#  wheels\{0,1\}/#  #') >"$DEST/WHEELS" ||
-    die "WHEELS not written"
-mkdir -p "$tmp/deps"
-for whl in "$tmp"/wheels/*.whl; do
-    "$PYTHON" -m zipfile -e "$whl" "$tmp/deps" || die "cannot unpack $whl"
-done
-tar -C "$tmp/deps" --sort=name --mtime=@0 --owner=0 --group=0 -cf - . | xz -T0 -4 >"$DEST/deps.tar.xz" ||
-    die "deps.tar.xz not written"
-
+fetch_deps wheel wheels -- "${WHEELS[@]}"
 printf 'vllm %s\nverl %s\nopenrlhf %s\n' "$VLLM_VERSION" "$VERL_VERSION" "$OPENRLHF_VERSION" >"$DEST/VERSIONS"
-(cd "$DEST" && sha256sum VERSIONS WHEELS rl-py.tar.xz deps.tar.xz >MANIFEST) || die "MANIFEST not written"
-note "$(du -sh "$DEST" | cut -f1) in $DEST ($(wc -l <"$DEST/MANIFEST") files)"
+fetch_manifest VERSIONS WHEELS rl-py.tar.xz deps.tar.xz

@@ -28,19 +28,13 @@
 #   PYTHON            the pip that downloads (default python3)
 # Exit status: 0 fetched, 1 a download failed, 2 a usage error.
 set -u -o pipefail
+# shellcheck source=tools/peer_fetch.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../peer_fetch.sh"
 
-usage() { sed -n '2,/^set -u/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
-case ${1:-} in
-    -h|--help) usage; exit 0 ;;
-    -*) echo "peer-fetch: unknown option '$1'" >&2; usage >&2; exit 2 ;;
-esac
-[ $# -le 1 ] || { echo "peer-fetch: one PEER_DIR at most" >&2; exit 2; }
-
-VERSION=${SGLANG_VERSION:-0.5.23}
-[[ $VERSION =~ ^[0-9]+(\.[0-9]+)+(\.post[0-9]+)?$ ]] ||
-    { echo "peer-fetch: SGLANG_VERSION '$VERSION' is not a release number" >&2; exit 2; }
-PYTHON=${PYTHON:-python3}
-DEST=${1:-.peer}/sglang
+fetch_args "$@"
+SGLANG_VERSION=${SGLANG_VERSION:-0.5.23}
+fetch_release SGLANG_VERSION
+VERSION=$SGLANG_VERSION
 TEST_PATH=test/registered/unit/multimodal/test_cuda_ipc_transport.py
 TEST_URL=https://raw.githubusercontent.com/sgl-project/sglang/v$VERSION/$TEST_PATH
 # What the transport's import closure and the unit test's reach, beyond what a
@@ -62,21 +56,11 @@ WHEELS=(msgspec==0.23.0 orjson==3.13.0 pybase64==1.5.1 pyzmq==27.3.0 psutil==7.2
         sentencepiece==0.2.1 partial-json-parser==0.2.1.1.post7
         openai==2.8.0 httpx==0.28.1 httpcore==1.0.9 distro==1.9.0 jiter==0.19.0
         apache-tvm-ffi==0.1.11)
-PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
-           --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64
-           --platform any)
 
-note() { echo "peer-fetch: $*" >&2; }
-die() { note "$*"; exit 1; }
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/sglang-fetch.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$DEST" || exit 1
-rm -rf "$DEST/wheels" "$DEST/MANIFEST"
-
+fetch_begin sglang "${1:-}"
+rm -rf "$DEST/wheels" # an older fetch's
 note "sglang $VERSION's wheel"
-"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
-    --platform manylinux_2_34_x86_64 "${PLATFORMS[@]}" -d "$tmp/wheel" "sglang==$VERSION" ||
+fetch_pip 3.11 "$tmp/wheel" --platform manylinux_2_34_x86_64 "sglang==$VERSION" ||
     die "pip could not download sglang==$VERSION"
 wheel=$(find "$tmp/wheel" -name "sglang-*.whl" | head -n 1)
 [ -n "$wheel" ] || die "no sglang wheel in what pip downloaded"
@@ -101,17 +85,7 @@ with zipfile.ZipFile(sys.argv[1]) as whl, tarfile.open(sys.argv[2], "w:xz") as o
     print(f"peer-fetch: {len(names)} files of {sys.argv[1].rsplit('/', 1)[-1]}", file=sys.stderr)
 EOF
 
-note "${#WHEELS[@]} wheels for CPython 3.12"
-"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${PLATFORMS[@]}" -d "$tmp/wheels" "${WHEELS[@]}" || die "pip could not download the wheels"
-(cd "$tmp/wheels" && sha256sum -- *.whl) >"$DEST/WHEELS" || die "WHEELS not written"
-mkdir -p "$tmp/deps"
-for whl in "$tmp"/wheels/*.whl; do
-    "$PYTHON" -m zipfile -e "$whl" "$tmp/deps" || die "cannot unpack $whl"
-done
-note "packing them (a few minutes)"
-tar -C "$tmp/deps" --sort=name --mtime=@0 --owner=0 --group=0 -cf - . | xz -T0 -4 >"$DEST/deps.tar.xz" ||
-    die "deps.tar.xz not written"
+fetch_deps wheels -- "${WHEELS[@]}"
 
 if [ -n "${SGLANG_TEST_FILE:-}" ]; then
     cp "$SGLANG_TEST_FILE" "$tmp/test.py" || die "cannot read SGLANG_TEST_FILE $SGLANG_TEST_FILE"
@@ -123,6 +97,4 @@ grep -q "class TestCudaIpcTransport" "$tmp/test.py" || die "the test file has no
 cp "$tmp/test.py" "$DEST/test_cuda_ipc_transport.py"
 
 echo "$VERSION" >"$DEST/VERSION"
-(cd "$DEST" && sha256sum VERSION WHEELS sglang-py.tar.xz deps.tar.xz test_cuda_ipc_transport.py >MANIFEST) ||
-    die "MANIFEST not written"
-note "$(du -sh "$DEST" | cut -f1) in $DEST ($(wc -l <"$DEST/MANIFEST") files)"
+fetch_manifest VERSION WHEELS sglang-py.tar.xz deps.tar.xz test_cuda_ipc_transport.py
