@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -46,13 +47,25 @@ struct head {
 };
 
 static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Bytes of pages mapped here (regions and large blocks): the stats' mem_bytes. */
+static _Atomic size_t mapped_bytes;
 static struct head *free_list[CLASSES];
 static char *carve, *carve_end; /* what is left of the newest region */
 
 static void *map(size_t bytes)
 {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    if (p == MAP_FAILED)
+        return NULL;
+    atomic_fetch_add_explicit(&mapped_bytes, bytes, memory_order_relaxed);
+    return p;
+}
+
+/* What the tables' memory holds from the system: it only grows to the
+ * highest the tables have needed, since freed blocks wait on their lists. */
+size_t ipcc_mem_mapped(void)
+{
+    return atomic_load_explicit(&mapped_bytes, memory_order_relaxed);
 }
 
 static int class_of(size_t n)
@@ -135,7 +148,8 @@ void ipcc_mem_free(void *p)
         return;
     struct head *h = (struct head *)p - 1;
     if (h->bytes > ((size_t)1 << MAX_SHIFT)) {
-        munmap(h, sizeof(*h) + h->bytes);
+        if (munmap(h, sizeof(*h) + h->bytes) == 0)
+            atomic_fetch_sub_explicit(&mapped_bytes, sizeof(*h) + h->bytes, memory_order_relaxed);
         return;
     }
     POISON(p, h->bytes);

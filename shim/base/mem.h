@@ -10,6 +10,7 @@ IPCC_HIDDEN void *ipcc_mem_alloc(size_t n);
 IPCC_HIDDEN void *ipcc_mem_calloc(size_t n, size_t size);
 IPCC_HIDDEN void *ipcc_mem_realloc(void *p, size_t n);
 IPCC_HIDDEN void ipcc_mem_free(void *p);
+IPCC_HIDDEN size_t ipcc_mem_mapped(void); /* bytes of pages held from the system */
 IPCC_HIDDEN void ipcc_mem_hold(void); /* the fork handlers' */
 IPCC_HIDDEN void ipcc_mem_release(void);
 IPCC_HIDDEN void ipcc_mem_reset(void);

@@ -169,6 +169,7 @@ static void put_gauges(struct ipcc_out *o, const struct ipcc_budget_gauges *g)
     put_field(o, "ghost_bytes", sources ? sources->ghost_bytes() : 0);
     put_field(o, "passthrough", IPCC_TOTAL(open_passthrough) + IPCC_TOTAL(close_passthrough));
     put_field(o, "errors", IPCC_TOTAL(errors));
+    put_field(o, "mem_bytes", ipcc_mem_mapped());
 }
 
 /* Mean real costs, and what the hits saved at those costs. */

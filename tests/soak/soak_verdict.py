@@ -38,10 +38,13 @@ lowest for a floor series); the least-squares line through them is the
 growth. A high-water mark ignores the ups and downs of a bounded series (what
 one second holds open) and follows a leak; a floor ignores what is held a
 moment (memory freed while the program still maps it) and follows what is
-never given back. A series passes when its growth per million opens is below the bound,
-or when the line's whole rise over the span is below its quantum (8 fds,
-8 table entries, 256 KiB of RSS: a series that moved by less than that has
-not grown, however few opens the run made).
+never given back. A series passes when the line's whole rise over the span is below its
+quantum (what a series moves by with the working set: it did not grow). A
+leak follows events (misses, frees, exporters' deaths) more than opens, and
+the fleet's opens are nearly all hits (millions a second), so a growth per
+million opens would excuse one; it is printed, and only the process's RSS,
+which counts the program's and the stand-in's heaps besides the library's
+own memory (judged alone as mem_bytes), may pass by it instead.
 """
 import argparse
 import csv
@@ -52,27 +55,31 @@ WINDOWS = 8
 HIT_BAND = 10.0  # percentage points
 MIB = 1 << 20
 
-# name: (columns, summed; bound per million opens, quantum, unit, "peak" or "floor")
+# name: (columns, summed; bound per million opens or None (the rise alone
+# decides), quantum, unit, "peak" or "floor")
 IMPORTER_SERIES = {
-    # A quantum of 1 MiB: the library's tables grow (its own pages, never
-    # returned) to the highest number of entries the fleet's working set has
-    # asked for so far, a high-water that keeps creeping up by steps as an
-    # exporter with more weights than any before comes: 273-443 KiB over the
-    # 300 s after the warm-up (2026-12-04, seed 1); a leak per open or per miss
-    # passes a MiB within a million opens.
+    # RSS: the program's and the stand-in's heaps (glibc's arenas, which
+    # fragment) besides the library's pages: 192-562 KiB over the 450 s after
+    # the warm-up (2026-12-04, seed 2), under 64 KiB per million opens.
     "rss": (("rss_kib",), 64, 1024, "KiB", "peak"),
+    # The library's own pages (its stats' mem_bytes): they grow to the most
+    # its tables have needed, by regions of 1 MiB; a leak per miss or per
+    # free passes a region within minutes.
+    "mem_bytes": (("lib_mem_bytes",), None, MIB, "B", "peak"),
     # A quantum of 16 fds: the fleet's own fds (sockets, VMM fds in flight)
     # move by up to 9 over a run without the library too (2026-12-04, seed 1,
     # 18 s), and with it the dups kept for idle VMM imports follow the VMM
     # working set, an exporter's segment being up to 16 chunks (bounded by
     # the library at an eighth of the soft limit); a planted fd per miss
     # gives hundreds.
-    "fds": (("fds",), 1, 16, "fds", "peak"),
-    "ghost_bytes": (("ghost_bytes",), MIB, 256 * MIB, "B", "floor"),
+    "fds": (("fds",), None, 16, "fds", "peak"),
+    # Less than one exporter's pool (256 MiB): weights of 1-8 MiB may be
+    # caught by the floor of one window while a sync holds them.
+    "ghost_bytes": (("ghost_bytes",), None, 64 * MIB, "B", "floor"),
 }
 MACHINE_SERIES = {
-    "ghost_bytes": (("ghost_bytes",), MIB, 256 * MIB, "B", "floor"),
-    "ledger_importers": (("ledger_importers",), 1, 2, "slots", "peak"),
+    "ghost_bytes": (("ghost_bytes",), None, 64 * MIB, "B", "floor"),
+    "ledger_importers": (("ledger_importers",), None, 2, "slots", "peak"),
 }
 # The exports listed follow the live exporters' allocations (the working
 # set again: a rise of 210 in 30 s, seed 1, 12-04); what the library must
@@ -130,7 +137,7 @@ def slope_test(points, bound, quantum, mode="peak"):
     slope = fit(xs, ys)
     rise = slope * (xs[-1] - xs[0])
     growth = slope * 1e6
-    return growth, rise, growth <= bound or rise <= quantum
+    return growth, rise, rise <= quantum or (bound is not None and growth <= bound)
 
 
 class Verdict:
@@ -143,12 +150,15 @@ class Verdict:
             self.failures.append(what)
 
     def growth(self, label, growth, bound, rise, quantum, unit, ok):
-        ratio = growth / bound if bound else 0
+        """The worst is the series whose rise is the largest part of its quantum."""
+        said = "%s grows: rise %.3g %s over the span (quantum %g), %.3g per million opens" % (
+            label, rise, unit, quantum, growth)
+        if bound is not None:
+            said += " (bound %g)" % bound
+        ratio = rise / quantum if quantum else 0
         if ratio > self.worst[0]:
-            self.worst = (ratio, "%s %.3g %s per million opens (bound %g, rise %.3g, quantum %g)"
-                          % (label, growth, unit, bound, rise, quantum))
-        self.check(ok, "%s grows: %.3g %s per million opens (bound %g), rise %.3g over the span "
-                   "(quantum %g)" % (label, growth, unit, bound, rise, quantum))
+            self.worst = (ratio, said.replace(" grows:", ":", 1))
+        self.check(ok, said)
 
 
 def warm_up(summary):
