@@ -85,7 +85,7 @@ fleet() {
     local out=$1 preload=$2
     shift 2
     env SOAK_STEADY=1 "$@" "$soak" run "$out" 14 3 2 3 "$preload" >"$out.log" 2>&1 &&
-        python3 "$here/soak_verdict.py" "$out" >"$out.verdict" 2>&1
+        python3 "$here/soak_verdict.py" --min-span 0 "$out" >"$out.verdict" 2>&1
     return 0
 }
 fleet "$tmp/clean" "$prefix$lib"
