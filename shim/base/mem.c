@@ -148,8 +148,9 @@ void ipcc_mem_free(void *p)
         return;
     struct head *h = (struct head *)p - 1;
     if (h->bytes > ((size_t)1 << MAX_SHIFT)) {
-        if (munmap(h, sizeof(*h) + h->bytes) == 0)
-            atomic_fetch_sub_explicit(&mapped_bytes, sizeof(*h) + h->bytes, memory_order_relaxed);
+        size_t mapped = sizeof(*h) + h->bytes; /* read before the unmap */
+        if (munmap(h, mapped) == 0)
+            atomic_fetch_sub_explicit(&mapped_bytes, mapped, memory_order_relaxed);
         return;
     }
     POISON(p, h->bytes);

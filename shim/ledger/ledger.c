@@ -190,13 +190,13 @@ static int claim_export(struct ipcc_ledger_export *e, int32_t me, int pass)
     if (owner != 0 && pass == 1 && atomic_load(&e->ready) != IPCC_EXPORT_LET_GO)
         return 0;
     if (owner != 0 && atomic_load(&e->ready) == IPCC_EXPORT_LET_GO) {
-        ipcc_ledger_listing_ends(e);
+        ipcc_ledger_listing_ends(ledger, e);
         return claim_let_go(e, owner, me);
     }
     if (owner != 0 && (owner == me || ipcc_proc_alive(owner, 0)))
         return 0;
     if (owner != 0)
-        ipcc_ledger_listing_ends(e);
+        ipcc_ledger_listing_ends(ledger, e);
     if (!atomic_compare_exchange_strong(&e->pid, &owner, me))
         return 0;
     atomic_store(&e->ready, IPCC_EXPORT_WRITING); /* a dead owner's entry may still say ready */
@@ -311,7 +311,7 @@ int ipcc_ledger_owner(const void *handle, struct ipcc_proc *owner)
             found = IPCC_LEDGER_LET_GO;
         }
     }
-    if (!found && ipcc_ledger_listing_ended(handle)) {
+    if (!found && ipcc_ledger_listing_ended(ledger, handle)) {
         *owner = (struct ipcc_proc){ 0 }; /* its entry went to another export */
         found = IPCC_LEDGER_LET_GO;
     }

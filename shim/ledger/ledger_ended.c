@@ -21,9 +21,8 @@ uint64_t ipcc_ledger_fingerprint(const unsigned char *h)
 /* Called before the entry is claimed: its handle is let go of or its
  * exporter dead whether or not this claim wins (a torn read of a handle
  * being written only adds a fingerprint nobody has). */
-void ipcc_ledger_listing_ends(const struct ipcc_ledger_export *e)
+void ipcc_ledger_listing_ends(struct ipcc_ledger_file *f, const struct ipcc_ledger_export *e)
 {
-    struct ipcc_ledger_file *f = ipcc_ledger_file();
     uint32_t at = atomic_fetch_add_explicit(&f->ended_next, 1, memory_order_relaxed);
     atomic_store_explicit(&f->ended[at % IPCC_LEDGER_ENDED], ipcc_ledger_fingerprint(e->handle),
                           memory_order_release);
@@ -32,9 +31,8 @@ void ipcc_ledger_listing_ends(const struct ipcc_ledger_export *e)
 /* Whether handle's listing ended lately. Read only for a handle the table
  * does not list (a miss of an exporter without the library): a scan of
  * 64 KiB. */
-int ipcc_ledger_listing_ended(const unsigned char *handle)
+int ipcc_ledger_listing_ended(struct ipcc_ledger_file *f, const unsigned char *handle)
 {
-    struct ipcc_ledger_file *f = ipcc_ledger_file();
     uint64_t fp = ipcc_ledger_fingerprint(handle);
     for (int i = 0; i < IPCC_LEDGER_ENDED; i++)
         if (atomic_load_explicit(&f->ended[i], memory_order_acquire) == fp)

@@ -93,8 +93,9 @@ IPCC_HIDDEN uint32_t ipcc_ledger_handle_hash(const unsigned char *h);
 /* ledger_ended.c: a handle's 64-bit fingerprint (never 0); the listings new
  * exports took over (their handles let go of, or of dead exporters). */
 IPCC_HIDDEN uint64_t ipcc_ledger_fingerprint(const unsigned char *handle);
-IPCC_HIDDEN void ipcc_ledger_listing_ends(const struct ipcc_ledger_export *e);
-IPCC_HIDDEN int ipcc_ledger_listing_ended(const unsigned char *handle);
+IPCC_HIDDEN void ipcc_ledger_listing_ends(struct ipcc_ledger_file *f,
+                                          const struct ipcc_ledger_export *e);
+IPCC_HIDDEN int ipcc_ledger_listing_ended(struct ipcc_ledger_file *f, const unsigned char *handle);
 
 /* ledger_let_go_ring.c: fingerprints of the handles this importer let go
  * of (table lock held). */
