@@ -23,6 +23,7 @@ IMPORTER_PLOTS = [
     ("lib_entries", "library table entries (live + idle)"),
     ("lib_idle", "library idle entries"),
     ("lib_idle_bytes", "library idle bytes"),
+    ("lib_mem_bytes", "library's own memory (mem_bytes)"),
     ("hit_rate", "hit rate this second (%)"),
     ("opens", "opens + VMM imports"),
 ]
