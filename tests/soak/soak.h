@@ -89,7 +89,6 @@ uint64_t soak_importer_sum(const struct soak_importer_slot *s, unsigned long fie
 uint64_t soak_random(uint64_t *s);
 unsigned soak_pick(uint64_t *s, unsigned n);
 double soak_now(void);
-int soak_alive(int pid); /* runs: not gone, not a zombie */
 void soak_sleep_ms(double ms);
 
 /* The roles: argv after the role's name. */

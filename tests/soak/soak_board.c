@@ -89,24 +89,6 @@ unsigned soak_pick(uint64_t *s, unsigned n)
     return n ? (unsigned)(soak_random(s) % n) : 0;
 }
 
-/* Whether pid runs: not gone, not a zombie (its exit is done; only its
- * parent's wait is missing, and kill(pid, 0) still succeeds). */
-int soak_alive(int pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
-}
-
 double soak_now(void)
 {
     struct timespec ts;

@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "fake_cuda.h"
 #include "fake_vmm.h"
 #include "gpu/vmm_pair.h"
 #include "soak_model.h"
@@ -54,7 +55,7 @@ static struct received *fds_of(struct soak_board *b, const char *run, int e)
     uint64_t pid = (uint64_t)atomic_load(&x->pid), epoch = atomic_load(&x->vmm_epoch);
     for (int i = 0; i < KEPT; i++)
         if (kept[i].n && kept[i].slot == e && kept[i].pid == pid && kept[i].epoch == epoch)
-            return soak_alive((int)pid) ? &kept[i] : NULL;
+            return fakecuda_process_runs((int64_t)pid) ? &kept[i] : NULL;
     struct received *r = &kept[next_victim];
     next_victim = (next_victim + 1) % KEPT;
     forget(r);

@@ -84,6 +84,9 @@ void fakecuda_on_next_push(void (*fn)(void *arg), void *arg);
 /* "FAKEIPC1" */
 const char *fakecuda_handle_magic(void);
 
+/* Whether pid runs: not gone and not a zombie (kill(pid, 0) succeeds on one). */
+int fakecuda_process_runs(int64_t pid);
+
 /* Bytes still "physically" allocated by every process sharing the book
  * FAKECUDA_PHYS_DIR/phys: an allocation counts until its owner freed it
  * (cuMemFree, the teardown of the context it was allocated in, or exit) and
