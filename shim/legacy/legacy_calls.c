@@ -117,13 +117,16 @@ static uint64_t mapping_bytes(uint64_t dptr)
  * device) may have been in the way and is gone now: only those of the same
  * allocation or exporter (legacy_give_way.c). Idle ones are closed here;
  * those another thread is already closing are waited for, since without the
- * cache they would have been gone before this open. */
-static int gave_way_elsewhere(const struct ipcc_legacy_key *key)
+ * cache they would have been gone before this open; and one whose close
+ * ended after the driver refused but before this looked shows only in the
+ * count of ended closes (closes_before: that count before the open). */
+static int gave_way_elsewhere(const struct ipcc_legacy_key *key, uint64_t closes_before)
 {
     struct ipcc_legacy_way way;
     ipcc_legacy_way_of(&way, key->ctx_id, key->handle);
     size_t closed = ipcc_legacy_close_in_the_way(&way);
-    return (closed + ipcc_legacy_close_wait_in_the_way(&way)) > 0;
+    size_t waited = ipcc_legacy_close_wait_in_the_way(&way);
+    return closed + waited > 0 || ipcc_legacy_closes_ended() != closes_before;
 }
 
 /* Not cached: map for real, then record the mapping. If the table already
@@ -136,9 +139,9 @@ static CUresult open_miss(open_fn real, const struct ipcc_legacy_key *key, void 
     if (!ctx)
         return passthrough_open(real, pdptr, h, flags);
     IPCC_COUNT(misses);
-    uint64_t t0 = ipcc_clock_ns();
+    uint64_t t0 = ipcc_clock_ns(), closes_before = ipcc_legacy_closes_ended();
     CUresult rc = real(pdptr, h, flags);
-    if (rc == CUDA_ERROR_INVALID_HANDLE && gave_way_elsewhere(key)) {
+    if (rc == CUDA_ERROR_INVALID_HANDLE && gave_way_elsewhere(key, closes_before)) {
         t0 = ipcc_clock_ns();
         rc = real(pdptr, h, flags);
     }

@@ -7,6 +7,7 @@
  */
 #include <cuda.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "legacy_impl.h"
@@ -165,6 +166,16 @@ void ipcc_legacy_close_fork_child(void)
 
 static void close_victims(const struct ipcc_legacy_victim *v, size_t n, int evicted);
 
+/* How many victims' closes have ended, counted before they are unlisted: an
+ * open the driver refused while one was in flight, which finds it neither
+ * idle nor listed once it looks, tells by this count that it ended since. */
+static _Atomic uint64_t closes_ended;
+
+uint64_t ipcc_legacy_closes_ended(void)
+{
+    return atomic_load(&closes_ended);
+}
+
 /* Closes victims the caller took from the table under the lock and listed
  * as closing before it unlocked; unlists them after. */
 void ipcc_legacy_close_run(const struct ipcc_legacy_victim *v, size_t n, int evicted)
@@ -172,6 +183,7 @@ void ipcc_legacy_close_run(const struct ipcc_legacy_victim *v, size_t n, int evi
     close_victims(v, n, evicted);
     if (n == 0)
         return;
+    atomic_fetch_add(&closes_ended, n);
     ipcc_lock();
     ipcc_legacy_close_untaken(v, n);
     ipcc_unlock();

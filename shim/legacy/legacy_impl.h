@@ -14,6 +14,7 @@
 IPCC_HIDDEN void ipcc_legacy_close_untaken(const struct ipcc_legacy_victim *v, size_t n);
 IPCC_HIDDEN int ipcc_legacy_close_pending(uint64_t ctx_id, uint64_t dptr);
 IPCC_HIDDEN void ipcc_legacy_close_wait(uint64_t ctx_id, uint64_t dptr);
+IPCC_HIDDEN uint64_t ipcc_legacy_closes_ended(void);
 IPCC_HIDDEN size_t ipcc_legacy_close_wait_elsewhere(uint64_t keep_ctx_id,
                                                     ipcc_legacy_handle_test in_the_way,
                                                     void *arg);

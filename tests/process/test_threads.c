@@ -472,3 +472,21 @@ Test(threads, open_that_closed_one_still_waits_for_a_close_in_flight, .timeout =
     cr_assert_eq(fakecuda_refcount(second, b), 1);
     cr_assert_eq(tu_driver().unmaps, 2);
 }
+
+/* The same, when that close ends after the driver refused the open (its
+ * refusal may come late in a slow open) but before the open looks for what
+ * was in its way: the mapping that made the driver refuse is gone, and
+ * without the cache it was gone before the open; the open is tried again. */
+Test(threads, open_refused_by_a_close_that_ended_meanwhile_is_retried, .timeout = 30)
+{
+    setenv("IPCCACHE_MAX_IDLE_BYTES", "4096", 1);
+    /* past the batch's two closes of 400 ms each */
+    setenv("FAKECUDA_REFUSED_OPEN_DELAY_US", "1600000", 1);
+    CUcontext second = NULL;
+    CUdeviceptr a, b = 0;
+    pthread_t t = evicting_in_first_ctx(540, &second, &a);
+    cr_assert_eq(cuIpcOpenMemHandle(&b, tu_handle(540, 4096), 1), CUDA_SUCCESS);
+    joined(t);
+    cr_assert_eq(fakecuda_refcount(first_ctx, a), 0, "closed in the first context");
+    cr_assert_eq(fakecuda_refcount(second, b), 1);
+}

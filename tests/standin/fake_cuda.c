@@ -796,7 +796,12 @@ static CUresult ipc_open(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned int flag
         return unlock_ret(CUDA_ERROR_INVALID_VALUE);
     if (pid == (uint64_t)getpid()) /* the driver refuses one's own exports */
         return unlock_ret(CUDA_ERROR_INVALID_CONTEXT);
-    return unlock_ret(map_or_ref(s, pid, serial, bytes, pdptr));
+    CUresult rc = map_or_ref(s, pid, serial, bytes, pdptr);
+    unlock();
+    long delay = env_long("FAKECUDA_REFUSED_OPEN_DELAY_US", 0);
+    if (rc == CUDA_ERROR_INVALID_HANDLE && delay > 0)
+        usleep((useconds_t)delay); /* the refusal may come late in a slow open */
+    return rc;
 }
 
 CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned int flags)
