@@ -1297,6 +1297,59 @@ ParameterizedTest(int *kind, ghost, exporter_exit_releases_from_the_helper, .tim
     finish(&imp);
 }
 
+/* Polls until the stand-in says pid maps nothing (an importer's helper lets
+ * go of an exited exporter's idle mappings on its own schedule). */
+static uint64_t held_by_settles_at_zero(pid_t pid)
+{
+    struct fakecuda_held h;
+    long long deadline = now_ms() + 20000;
+    for (fakecuda_phys_held(pid, &h); h.allocs && now_ms() < deadline; fakecuda_phys_held(pid, &h))
+        usleep(10000);
+    return h.allocs;
+}
+
+/* The driver maps an exited exporter's handle only in a process that maps it
+ * already (H200, driver 580: tests/gpu/exporter_exit.c): one that holds it
+ * opens it again; a fresh importer, and one that closed its last reference,
+ * are refused (CUDA_ERROR_INVALID_HANDLE) while another importer keeps the
+ * memory. The stand-in does so with its book; the library answers the same
+ * once it let go of its idle mapping. env: the peers' extra environment. */
+static void exited_exporters_handle_opens_only_where_mapped(const char *const *env)
+{
+    struct peer exp, holder, closer, fresh;
+    start(&exp, "exporter", env);
+    start(&holder, "holder", env);
+    start(&closer, "closer", env);
+    struct exported e = export(&exp, 16 * MIB);
+    int held = import(&holder, &e, 0);
+    import(&closer, &e, 1);
+    kill_peer(&exp);
+    cr_assert_eq(held_by_settles_at_zero(closer.pid), 0, "the closer still maps the handle");
+    start(&fresh, "fresh", env);
+    char want[32];
+    snprintf(want, sizeof(want), "err %d", (int)CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_str_eq(ask(&fresh, "open %s", e.hex), want, "a fresh importer");
+    cr_assert_str_eq(ask(&closer, "open %s", e.hex), want, "the importer that closed it");
+    int again = import(&holder, &e, 0);
+    cr_assert_eq(ok(&holder, ask(&holder, "close %d", again)), CUDA_SUCCESS);
+    cr_assert_eq(ok(&holder, ask(&holder, "close %d", held)), CUDA_SUCCESS);
+    cr_assert(eq(u64, phys_settles_at(0), 0));
+    finish(&fresh);
+    finish(&closer);
+    finish(&holder);
+}
+
+Test(ghost, exited_exporters_handle_opens_only_where_mapped_without_the_library, .timeout = 40)
+{
+    static const char *const without[] = { "LD_PRELOAD=", NULL };
+    exited_exporters_handle_opens_only_where_mapped(without);
+}
+
+Test(ghost, exited_exporters_handle_opens_only_where_mapped, .timeout = 40)
+{
+    exited_exporters_handle_opens_only_where_mapped(NULL);
+}
+
 /* The importer's stats line (written at its exit) shows value for key. */
 static void importer_stat_is(const char *key, uint64_t value)
 {

@@ -77,7 +77,7 @@ static void pool_op(struct worker *w)
     int refs = 1 + (soak_pick(&w->rnd, 8) == 0) * (1 + (int)soak_pick(&w->rnd, 2)), held = 0;
     for (int i = 0; i < refs; i++) {
         atomic_fetch_add_explicit(&w->c->opens, 1, memory_order_relaxed);
-        if (soak_check_rc(w->c, SOAK_OPEN, open_handle(&h, &p[held]), "open of a pool")) {
+        if (soak_check_open(w->c, open_handle(&h, &p[held]), h.pid, "open of a pool")) {
             soak_check_value(w->c, p[held] + soak_pick(&w->rnd, (unsigned)h.size), h.pid, h.serial,
                              "a pool");
             held++;
@@ -109,7 +109,7 @@ static void fresh_op(struct worker *w)
         return; /* taken here already, or a newer one was (never go back: it could be taken twice) */
     CUdeviceptr p;
     atomic_fetch_add_explicit(&w->c->opens, 1, memory_order_relaxed);
-    if (!soak_check_rc(w->c, SOAK_OPEN, open_handle(&f.h, &p), "open of a fresh buffer"))
+    if (!soak_check_open(w->c, open_handle(&f.h, &p), f.h.pid, "open of a fresh buffer"))
         return;
     soak_check_value(w->c, p + soak_pick(&w->rnd, (unsigned)f.h.size), f.h.pid, f.h.serial,
                      "a fresh buffer");
@@ -140,7 +140,7 @@ static void sync_op(struct worker *w)
         if (!ws.h[i].pid) /* withdrawn: being freed and shared again */
             continue;
         atomic_fetch_add_explicit(&w->c->opens, 1, memory_order_relaxed);
-        if (soak_check_rc(w->c, SOAK_OPEN, open_handle(&ws.h[i], &p[held]), "open of a weight") &&
+        if (soak_check_open(w->c, open_handle(&ws.h[i], &p[held]), ws.h[i].pid, "open of a weight") &&
             soak_check_value(w->c, p[held], ws.h[i].pid, ws.h[i].serial, "a weight"))
             held++;
     }

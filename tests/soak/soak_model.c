@@ -51,6 +51,15 @@ int soak_check_rc(struct soak_counts *c, enum soak_call call, CUresult got, cons
     return 0;
 }
 
+int soak_check_open(struct soak_counts *c, CUresult got, uint64_t exporter_pid, const char *what)
+{
+    if (got == CUDA_ERROR_INVALID_HANDLE && !fakecuda_process_runs((int64_t)exporter_pid)) {
+        atomic_fetch_add_explicit(&c->checks, 1, memory_order_relaxed);
+        return 0; /* its exporter exited: refused where the process maps it no more */
+    }
+    return soak_check_rc(c, SOAK_OPEN, got, what);
+}
+
 static int check_pair(struct soak_counts *c, int found, uint64_t pid, uint64_t serial,
                       uint64_t want_pid, uint64_t want_serial, const char *what, CUdeviceptr ptr)
 {

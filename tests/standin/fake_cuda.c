@@ -118,6 +118,7 @@ static int capture_forbids_unsafe_calls(void);
 static void phys_note_alloc(uint64_t serial, uint64_t bytes);
 static void phys_note_free(uint64_t serial);
 static void phys_note_map(uint64_t owner, uint64_t serial, int delta);
+static int phys_exporter_exited(uint64_t owner, uint64_t serial);
 
 /* ---- environment and small helpers ---- */
 
@@ -725,7 +726,7 @@ static int exporter_open_elsewhere(int s, uint64_t pid)
 
 static CUresult add_map(int s, uint64_t pid, uint64_t serial, uint64_t bytes, CUdeviceptr *out)
 {
-    if (exporter_open_elsewhere(s, pid))
+    if (exporter_open_elsewhere(s, pid) || phys_exporter_exited(pid, serial))
         return CUDA_ERROR_INVALID_HANDLE;
     if (g_nmaps == g_capmaps) {
         size_t cap = g_capmaps ? 2 * g_capmaps : 64;
@@ -1154,6 +1155,25 @@ static void phys_note_map(uint64_t owner, uint64_t serial, int delta)
         *(h = empty) = (struct phys_holder){me, (int64_t)owner, serial, 0};
     if (h) h->count += delta; /* a fork child unmapping its parent's: no record */
     phys_unlock();
+}
+
+/* Whether the book lists the allocation (owner, serial) and its owner has
+ * exited (a zombie included). The driver then refuses to map its handle
+ * (CUDA_ERROR_INVALID_HANDLE) in a process that does not map it already,
+ * even while another process keeps the memory (H200, driver 580:
+ * tests/gpu/exporter_exit.c). Without the book (FAKECUDA_PHYS_DIR unset) the
+ * stand-in cannot tell an exporter's handle from one a test made up, and
+ * maps it: more lenient than the driver there. */
+static int phys_exporter_exited(uint64_t owner, uint64_t serial)
+{
+    struct phys_book *b = phys_lock();
+    if (!b) return 0;
+    int listed = 0;
+    for (int i = 0; i < PHYS_ALLOCS && !listed; i++)
+        listed = b->allocs[i].used && b->allocs[i].owner == (int64_t)owner &&
+                 b->allocs[i].serial == serial;
+    phys_unlock();
+    return listed && !phys_alive((int64_t)owner);
 }
 
 /* A process that has exited (a zombie included) holds nothing. */
