@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -37,6 +38,7 @@
 #include <unistd.h>
 
 #include "fake_cuda.h"
+#include "fake_vmm.h"
 #include "ledger_impl.h"
 
 #define MIB (1ULL << 20)
@@ -1427,6 +1429,65 @@ Test(ghost, standin_book_survives_a_signal_during_its_lock, .timeout = 40)
     cr_assert_eq(ok(&imp, reply_to(&imp, "close", 1)), CUDA_SUCCESS);
     cr_assert(eq(u64, phys(), 0), "the stand-in's book lost the unmap");
     finish(&imp);
+    finish(&exp);
+}
+
+/* The next test's second thread: opens handle in ctx and holds it until told. */
+struct holding_open { CUcontext ctx; CUipcMemHandle handle; CUresult rc; CUdeviceptr p; };
+
+static void *open_and_hold(void *arg)
+{
+    struct holding_open *o = arg;
+    cuCtxSetCurrent(o->ctx);
+    o->rc = cuIpcOpenMemHandle(&o->p, o->handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    return NULL;
+}
+
+Test(ghost, standin_book_keeps_updates_of_two_threads, .timeout = 60)
+{
+    /* The book's lock is a flock, which the threads of one process share (one open file
+     * description): a legacy map (under the stand-in's lock) and a VMM import (under its VMM lock)
+     * in two threads updated the book at once, and both took the same free row: one update was
+     * lost. The soak measures what each process maps by this book. */
+    struct peer exp;
+    start(&exp, "exporter", NULL);
+    struct exported e = export(&exp, MIB);
+    struct holding_open legacy;
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
+        cr_assert_eq(sscanf(e.hex + 2 * i, "%2hhx", (unsigned char *)&legacy.handle.reserved[i]), 1);
+    CUdevice dev;
+    cr_assert_eq(cuInit(0), CUDA_SUCCESS);
+    cr_assert_eq(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuDevicePrimaryCtxRetain(&legacy.ctx, dev), CUDA_SUCCESS);
+    cr_assert_eq(cuCtxSetCurrent(legacy.ctx), CUDA_SUCCESS);
+    CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                 .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 },
+                                 .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR };
+    CUmemGenericAllocationHandle made, imported;
+    int fd = -1;
+    cr_assert_eq(cuMemCreate(&made, FAKEVMM_GRANULARITY, &prop, 0), CUDA_SUCCESS);
+    cr_assert_eq(cuMemExportToShareableHandle(&fd, made, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                 CUDA_SUCCESS);
+    setenv("FAKECUDA_PHYS_NOTE_DELAY_US", "300000", 1); /* each update long: they would overlap */
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, open_and_hold, &legacy), 0);
+    usleep(100000);
+    cr_assert_eq(cuMemImportFromShareableHandle(&imported, (void *)(intptr_t)fd,
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                 CUDA_SUCCESS);
+    pthread_join(t, NULL);
+    unsetenv("FAKECUDA_PHYS_NOTE_DELAY_US");
+    cr_assert_eq(legacy.rc, CUDA_SUCCESS);
+    struct fakecuda_held held;
+    fakecuda_phys_held(getpid(), &held);
+    cr_assert_eq(held.allocs, 2, "the book counts %llu of the 2 allocations mapped here",
+                 (unsigned long long)held.allocs);
+    cr_assert_eq(cuIpcCloseMemHandle(legacy.p), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(imported), CUDA_SUCCESS);
+    cr_assert_eq(cuMemRelease(made), CUDA_SUCCESS);
+    close(fd);
+    fakecuda_phys_held(getpid(), &held);
+    cr_assert_eq(held.allocs, 0);
     finish(&exp);
 }
 

@@ -1046,12 +1046,50 @@ struct phys_book {
 
 static struct { pid_t pid; int fd; struct phys_book *book; } g_phys = { 0, -1, NULL };
 
-/* Opened per process: a lock held through a descriptor shared with a fork
- * parent would not keep the two apart. */
+/* A flock keeps processes apart, not the threads of one (they share its open
+ * file description): a legacy update (under g_lock) and a VMM one (under the
+ * VMM lock) would change the book at once. This mutex keeps them apart. */
+static pthread_mutex_t g_phys_threads = PTHREAD_MUTEX_INITIALIZER;
+
+/* A fork child is one thread, none of them inside the book: the mutex as a
+ * parent's thread held it at the fork means nothing there. */
+static void phys_forked(void)
+{
+    pthread_mutex_init(&g_phys_threads, NULL);
+}
+
+__attribute__((constructor)) static void phys_init(void)
+{
+    pthread_atfork(NULL, NULL, phys_forked);
+}
+
+static struct phys_book *phys_open(const char *dir);
+
 static struct phys_book *phys_lock(void)
 {
     const char *dir = getenv("FAKECUDA_PHYS_DIR");
     if (!dir || !*dir) return NULL;
+    pthread_mutex_lock(&g_phys_threads);
+    struct phys_book *b = phys_open(dir);
+    /* A signal handler without SA_RESTART (the library's stats signal's)
+     * fails a waiting flock with EINTR: the update must still happen, as
+     * the driver's own bookkeeping does not skip a change on a signal. */
+    while (b && flock(g_phys.fd, LOCK_EX) != 0)
+        if (errno != EINTR) b = NULL;
+    if (!b) pthread_mutex_unlock(&g_phys_threads);
+    return b;
+}
+
+static void phys_unlock(void)
+{
+    flock(g_phys.fd, LOCK_UN);
+    pthread_mutex_unlock(&g_phys_threads);
+}
+
+/* Opened per process: a lock held through a descriptor shared with a fork
+ * parent would not keep the two apart. */
+static struct phys_book *phys_open(const char *dir)
+{
     if (g_phys.pid != getpid()) {
         char path[1024];
         snprintf(path, sizeof path, "%s/phys", dir);
@@ -1064,16 +1102,8 @@ static struct phys_book *phys_lock(void)
         void *m = mmap(NULL, sizeof *g_phys.book, PROT_READ | PROT_WRITE, MAP_SHARED, g_phys.fd, 0);
         g_phys.book = m == MAP_FAILED ? NULL : m;
     }
-    if (!g_phys.book) return NULL;
-    /* A signal handler without SA_RESTART (the library's stats signal's)
-     * fails a waiting flock with EINTR: the update must still happen, as
-     * the driver's own bookkeeping does not skip a change on a signal. */
-    while (flock(g_phys.fd, LOCK_EX) != 0)
-        if (errno != EINTR) return NULL;
     return g_phys.book;
 }
-
-static void phys_unlock(void) { flock(g_phys.fd, LOCK_UN); }
 
 static int phys_alive(int64_t pid);
 int fakecuda_process_runs(int64_t pid)
@@ -1151,6 +1181,9 @@ static void phys_note_map(uint64_t owner, uint64_t serial, int delta)
         for (int i = 0; i < PHYS_HOLDERS && !empty; i++)
             if (b->holders[i].count <= 0) empty = &b->holders[i];
     }
+    long delay = env_long("FAKECUDA_PHYS_NOTE_DELAY_US", 0);
+    if (delay > 0)
+        usleep((useconds_t)delay); /* a test's: widens what another thread may do meanwhile */
     if (!h && delta > 0 && empty)
         *(h = empty) = (struct phys_holder){me, (int64_t)owner, serial, 0};
     if (h) h->count += delta; /* a fork child unmapping its parent's: no record */
