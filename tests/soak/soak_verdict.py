@@ -72,15 +72,16 @@ IMPORTER_SERIES = {
     # first minutes after the warm-up (2026-12-04, 120-s runs, seeds 1-5); a
     # leak per miss or per free passes two regions within minutes.
     "mem_bytes": (("lib_mem_bytes",), None, 2 * MIB, "B", "peak"),
-    # A quantum of 32 fds: the fleet's own fds (sockets, VMM fds in flight)
-    # move by up to 19 over a run without the library too, and with it the
-    # dups kept for idle VMM imports follow the VMM working set (exporters'
-    # segments of up to 16 chunks coming and going): an importer's count
-    # swings between 20 and 85 from second to second, its peaks per window
-    # by up to 22 (2026-12-04, 120-s runs, seeds 1-5); a planted fd per miss
-    # gives hundreds, a kept dup never closed at an exporter's death tens a
-    # minute.
-    "fds": (("fds",), None, 32, "fds", "peak"),
+    # A quantum of 32 fds, judged on each window's floor: the fleet's own fds
+    # (sockets, VMM fds in flight) move by up to 19 over a run without the
+    # library too, and with it the dups kept for idle VMM imports follow the
+    # VMM working set (exporters' segments of up to 16 chunks coming and
+    # going): an importer's count swings between 7 and 85 from second to
+    # second, and the peaks of the quick run's windows rose by 24-26 in two
+    # CI runs of 2026-12-05 (their floors by -0.3 and 4). An fd that leaks
+    # never closes, so it lifts the floors: a planted fd per miss gives
+    # hundreds, a kept dup never closed at an exporter's death tens a minute.
+    "fds": (("fds",), None, 32, "fds", "floor"),
     # Less than one exporter's pool (256 MiB): weights of 1-8 MiB may be
     # caught by the floor of one window while a sync holds them.
     "ghost_bytes": (("ghost_bytes",), None, 64 * MIB, "B", "floor"),
