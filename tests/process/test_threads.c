@@ -441,18 +441,23 @@ static void joined(pthread_t t)
  * thread is already closing it (the driver's unmap takes milliseconds),
  * the open waits for that close, as it would have found the mapping gone
  * without the cache. */
-Test(threads, open_waits_for_a_close_in_flight_elsewhere_on_device, .timeout = 30)
+static void open_while_its_idle_mapping_closes_elsewhere(uint64_t serial)
 {
     setenv("IPCCACHE_MAX_IDLE_BYTES", "4096", 1);
     CUcontext second = NULL;
     CUdeviceptr a, b = 0;
     /* past IPCCACHE_MAX_IDLE_BYTES both idle mappings go, in one batch: none
      * is left for another thread to take */
-    pthread_t t = evicting_in_first_ctx(500, &second, &a);
-    cr_assert_eq(cuIpcOpenMemHandle(&b, tu_handle(500, 4096), 1), CUDA_SUCCESS);
+    pthread_t t = evicting_in_first_ctx(serial, &second, &a);
+    cr_assert_eq(cuIpcOpenMemHandle(&b, tu_handle(serial, 4096), 1), CUDA_SUCCESS);
     joined(t);
     cr_assert_eq(fakecuda_refcount(first_ctx, a), 0, "closed in the first context");
     cr_assert_eq(fakecuda_refcount(second, b), 1);
+}
+
+Test(threads, open_waits_for_a_close_in_flight_elsewhere_on_device, .timeout = 30)
+{
+    open_while_its_idle_mapping_closes_elsewhere(500);
 }
 
 /* The same, when the open's give-way closes an idle mapping itself: it still
@@ -479,14 +484,7 @@ Test(threads, open_that_closed_one_still_waits_for_a_close_in_flight, .timeout =
  * without the cache it was gone before the open; the open is tried again. */
 Test(threads, open_refused_by_a_close_that_ended_meanwhile_is_retried, .timeout = 30)
 {
-    setenv("IPCCACHE_MAX_IDLE_BYTES", "4096", 1);
     /* past the batch's two closes of 400 ms each */
     setenv("FAKECUDA_REFUSED_OPEN_DELAY_US", "1600000", 1);
-    CUcontext second = NULL;
-    CUdeviceptr a, b = 0;
-    pthread_t t = evicting_in_first_ctx(540, &second, &a);
-    cr_assert_eq(cuIpcOpenMemHandle(&b, tu_handle(540, 4096), 1), CUDA_SUCCESS);
-    joined(t);
-    cr_assert_eq(fakecuda_refcount(first_ctx, a), 0, "closed in the first context");
-    cr_assert_eq(fakecuda_refcount(second, b), 1);
+    open_while_its_idle_mapping_closes_elsewhere(540);
 }
