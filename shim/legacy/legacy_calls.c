@@ -321,7 +321,11 @@ int ipcc_legacy_close_call(uint64_t dptr)
     ipcc_lock();
     enum ipcc_release_result r =
         ipcc_legacy_release(ipcc_budget_legacy(), ctx_id, dptr, ipcc_clock_ns());
-    int closing = r == IPCC_RELEASE_NOT_FOUND && ipcc_legacy_close_pending(ctx_id, dptr);
+    /* The cache is closing this mapping elsewhere too (an entry taken before
+     * the program opened it again: the driver handed back the same mapping),
+     * so the driver holds that close's reference until it ends. */
+    int closing = (r == IPCC_RELEASE_NOT_FOUND || r == IPCC_RELEASE_PAST_ZERO) &&
+                  ipcc_legacy_close_pending(ctx_id, dptr);
     if (r == IPCC_RELEASE_PAST_ZERO || r == IPCC_RELEASE_LAST)
         ipcc_legacy_close_taken(&self, 1);
     ipcc_unlock();
@@ -339,6 +343,8 @@ int ipcc_legacy_close_call(uint64_t dptr)
         ipcc_lock();
         ipcc_legacy_close_untaken(&self, 1);
         ipcc_unlock();
+        if (closing)
+            ipcc_legacy_close_wait(ctx_id, dptr);
         return count_result(real((CUdeviceptr)dptr));
     case IPCC_RELEASE_LAST:
         return close_doomed(real, &self);

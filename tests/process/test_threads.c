@@ -488,3 +488,26 @@ Test(threads, open_refused_by_a_close_that_ended_meanwhile_is_retried, .timeout 
     setenv("FAKECUDA_REFUSED_OPEN_DELAY_US", "1600000", 1);
     open_while_its_idle_mapping_closes_elsewhere(540);
 }
+
+/* ---- a close the driver alone would refuse ------------------------------- */
+
+/* While the cache's own close of an idle mapping is inside the driver, the
+ * program opens that handle there again: the driver hands back the mapping
+ * still held for that close. The program's close past its own reference
+ * must still be refused, as it is without the cache (the mapping was gone
+ * before the open), not take the reference of the close in flight. */
+Test(threads, extra_close_while_the_cache_closes_that_mapping_is_refused, .timeout = 30)
+{
+    setenv("IPCCACHE_MAX_IDLE_BYTES", "4096", 1);
+    CUcontext second = NULL;
+    CUdeviceptr a, again = 0;
+    pthread_t t = evicting_in_first_ctx(560, &second, &a);
+    unsetenv("FAKECUDA_CLOSE_DELAY_US"); /* read already: this thread's closes are quick */
+    cr_assert_eq(cuCtxSetCurrent(first_ctx), CUDA_SUCCESS);
+    cr_assert_eq(cuIpcOpenMemHandle(&again, tu_handle(560, 4096), 1), CUDA_SUCCESS);
+    cr_assert_eq(again, a, "the mapping still held for the close in flight");
+    cr_assert_eq(cuIpcCloseMemHandle(again), CUDA_SUCCESS);
+    cr_assert_eq(cuIpcCloseMemHandle(again), CUDA_ERROR_INVALID_VALUE);
+    joined(t);
+    cr_assert_eq(fakecuda_refcount(first_ctx, a), 0, "closed once by each");
+}
