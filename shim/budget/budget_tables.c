@@ -99,6 +99,7 @@ void ipcc_budget_gauges(struct ipcc_budget_gauges *out)
     out->live = g.live;
     out->vmm_idle = v ? load(&v->idle_entries) : 0;
     out->vmm_idle_bytes = v ? load(&v->idle_bytes) : 0;
+    out->vmm_fds = v ? load(&v->kept_fds) : 0;
     out->idle = g.idle + out->vmm_idle;
     out->idle_bytes = g.idle_bytes + out->vmm_idle_bytes;
 }

@@ -155,6 +155,7 @@ static void put_counters(struct ipcc_out *o, uint64_t hits, const struct ipcc_bu
     put_field(o, "vmm_map_hits", IPCC_TOTAL(vmm_map_hits));
     put_field(o, "vmm_access_skips", IPCC_TOTAL(vmm_access_skips));
     put_field(o, "vmm_idle_bytes", g->vmm_idle_bytes);
+    put_field(o, "vmm_fds", g->vmm_fds);
 }
 
 /* idle and idle_bytes count both kinds: the one budget's totals. */

@@ -70,7 +70,7 @@ struct ipcc_top_slot {
 /* Both kinds' gauges, read at one moment (fields may be momentarily
  * inconsistent). idle and idle_bytes count both kinds; vmm_* the VMM part. */
 struct ipcc_budget_gauges {
-    uint64_t live, idle, idle_bytes, vmm_idle, vmm_idle_bytes;
+    uint64_t live, idle, idle_bytes, vmm_idle, vmm_idle_bytes, vmm_fds;
 };
 
 /* The figures the stats line shows from the layers above (registered at

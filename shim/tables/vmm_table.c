@@ -104,6 +104,7 @@ void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)(int))
     atomic_store(&t->gauges.idle_entries, 0);
     atomic_store(&t->gauges.idle_bytes, 0);
     atomic_store(&t->gauges.idle_reservations, 0);
+    atomic_store(&t->gauges.kept_fds, 0);
 }
 
 void ipcc_vmm_table_destroy(struct ipcc_vmm_table *t, void (*close_fd)(int))
@@ -138,12 +139,14 @@ int ipcc_vmm_fd_claim(struct ipcc_vmm_table *t, size_t bound)
     if (t->nfds >= bound)
         return 0;
     t->nfds++;
+    atomic_store_explicit(&t->gauges.kept_fds, t->nfds, memory_order_relaxed);
     return 1;
 }
 
 void ipcc_vmm_fd_unclaim(struct ipcc_vmm_table *t)
 {
     t->nfds--;
+    atomic_store_explicit(&t->gauges.kept_fds, t->nfds, memory_order_relaxed);
 }
 
 size_t ipcc_vmm_table_fds(const struct ipcc_vmm_table *t)

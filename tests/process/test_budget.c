@@ -88,7 +88,7 @@ Test(budget, least_recently_used_across_kinds, .timeout = 10)
 }
 
 /* The stats' idle and idle_bytes are the budget's totals, both kinds;
- * vmm_idle_bytes is the VMM part. */
+ * vmm_idle_bytes is the VMM part; vmm_fds the dups its idle imports keep. */
 Test(budget, stats_idle_counts_both_kinds, .timeout = 10)
 {
     const char *path = tu_stats_file();
@@ -97,6 +97,7 @@ Test(budget, stats_idle_counts_both_kinds, .timeout = 10)
     cr_assert_eq(tu_stat(path, "idle"), 1 + CHUNKS);
     cr_assert_eq(tu_stat(path, "idle_bytes"), (1 << 20) + CHUNKS * G);
     cr_assert_eq(tu_stat(path, "vmm_idle_bytes"), CHUNKS * G);
+    cr_assert_eq(tu_stat(path, "vmm_fds"), CHUNKS);
 }
 
 

@@ -861,7 +861,7 @@ Test(vmm, stats_count_the_vmm_path, .timeout = 10)
     child_output(kept_then_rebuilt, "IPCCACHE_STATS_FILE", line, sizeof(line));
     cr_assert_not_null(strstr(line, "\"vmm_imports\":6,\"vmm_import_hits\":3,\"vmm_maps\":6,"
                                     "\"vmm_map_hits\":3,\"vmm_access_skips\":1,"
-                                    "\"vmm_idle_bytes\":6291456"),
+                                    "\"vmm_idle_bytes\":6291456,\"vmm_fds\":3"),
                        "%s", line);
 }
 

@@ -18,12 +18,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 IMPORTER_PLOTS = [
     ("rss_kib", "RSS (KiB)"),
     ("fds", "open fds"),
+    ("fds_not_kept", "open fds, less those the library keeps (judged)"),
     ("driver_bytes", "bytes the driver maps for it"),
     ("ghost_bytes", "of those, freed by their exporter or of one that died"),
     ("lib_entries", "library table entries (live + idle)"),
     ("lib_idle", "library idle entries"),
     ("lib_idle_bytes", "library idle bytes"),
     ("lib_mem_bytes", "library's own memory (mem_bytes)"),
+    ("lib_vmm_fds", "fds the library keeps (vmm_fds)"),
     ("hit_rate", "hit rate this second (%)"),
     ("opens", "opens + VMM imports"),
 ]
@@ -54,6 +56,8 @@ def importer_series(rows, col):
         if col == "lib_entries":
             a, b = num(r, "lib_live"), num(r, "lib_idle")
             y = None if a is None or b is None else a + b
+        elif col == "fds_not_kept":
+            y = float(r["fds"]) - (num(r, "lib_vmm_fds") or 0)
         elif col == "opens":
             y = float(r["opens"]) + float(r["imports"])
         elif col == "hit_rate":

@@ -15,7 +15,7 @@
 /* The stats line's keys a sample keeps, in CSV order ("lib_" before each). */
 #define SOAK_LIB_KEYS(X) X(opens) X(hits) X(misses) X(live) X(idle) X(idle_bytes) \
     X(vmm_imports) X(vmm_import_hits) X(vmm_maps) X(vmm_map_hits) X(evictions) \
-    X(invalidations) X(releases_on_request) X(ghost_bytes) X(errors) X(mem_bytes)
+    X(invalidations) X(releases_on_request) X(ghost_bytes) X(errors) X(mem_bytes) X(vmm_fds)
 #define SOAK_COUNT_KEY(k) +1
 enum { SOAK_NLIB = 0 SOAK_LIB_KEYS(SOAK_COUNT_KEY) };
 
