@@ -203,6 +203,24 @@ static int claim_export(struct ipcc_ledger_export *e, int32_t me, int pass)
     return 1;
 }
 
+/* Whether e lists handle under our pid, made ours if an earlier process
+ * with this pid (pids come round again) listed the same bytes and died
+ * without unlisting: importers would take them for the dead one's. */
+static int listed_by_me(struct ipcc_ledger_export *e, const void *handle, struct ipcc_proc me)
+{
+    uint32_t listed = IPCC_EXPORT_LISTED;
+    if (atomic_load(&e->pid) != me.pid || atomic_load(&e->ready) != IPCC_EXPORT_LISTED ||
+        memcmp(e->handle, handle, IPCC_HANDLE_BYTES) != 0)
+        return 0;
+    if (atomic_load(&e->start) == me.start)
+        return 1;
+    if (!atomic_compare_exchange_strong(&e->ready, &listed, IPCC_EXPORT_WRITING))
+        return 0;
+    atomic_store(&e->start, me.start);
+    atomic_store_explicit(&e->ready, IPCC_EXPORT_LISTED, memory_order_release);
+    return 1;
+}
+
 /* Lists handle as exported by this process; 0, or -1 when the ledger is
  * missing or the handle's probe sequence is full. */
 static int list_export(const void *handle)
@@ -212,12 +230,9 @@ static int list_export(const void *handle)
     struct ipcc_proc me = ipcc_proc_self();
     uint32_t hash = ipcc_ledger_handle_hash(handle);
     struct ipcc_ledger_export *e;
-    for (int i = 0; i < IPCC_LEDGER_PROBES; i++) {
-        e = export_at(hash, i);
-        if (atomic_load(&e->pid) == me.pid && atomic_load(&e->ready) == IPCC_EXPORT_LISTED &&
-            memcmp(e->handle, handle, IPCC_HANDLE_BYTES) == 0)
+    for (int i = 0; i < IPCC_LEDGER_PROBES; i++)
+        if (listed_by_me(export_at(hash, i), handle, me))
             return 0;
-    }
     for (int k = 0; k < 3 * IPCC_LEDGER_PROBES; k++) {
         e = export_at(hash, k % IPCC_LEDGER_PROBES);
         if (!claim_export(e, me.pid, k / IPCC_LEDGER_PROBES))

@@ -82,6 +82,18 @@ int ipcc_ledger_helper_exiting(void)
     return atomic_load(&exiting);
 }
 
+/* Lock held: pid's frees stop ringing us, unless we hold handles of
+ * another exporter with that pid: a dead one's pid that came round again (a
+ * container's pids soon do) is the live one's too, and watches go by pid. */
+static void unwatch_unless_reused(int32_t pid)
+{
+    for (int i = 0; i < MAX_EXPORTERS; i++)
+        if (exporters[i].who.pid == pid && exporters[i].handles > 0)
+            return;
+    if (atomic_load(&slot) >= 0)
+        ipcc_ledger_unwatch(atomic_load(&slot), pid);
+}
+
 /* Lock held: forgets which exporter handle came from. With unwatch, the
  * handle is let go of: when it was the exporter's last, its frees stop
  * ringing us (else the 16 watched pids fill with exporters we hold nothing
@@ -91,9 +103,10 @@ static void forget_seen(struct seen *s, int unwatch)
 {
     struct ipcc_proc *who = &exporters[s->exporter].who;
     if (--exporters[s->exporter].handles == 0) {
-        if (unwatch && atomic_load(&slot) >= 0)
-            ipcc_ledger_unwatch(atomic_load(&slot), who->pid);
+        int32_t pid = who->pid;
         who->pid = 0;
+        if (unwatch)
+            unwatch_unless_reused(pid);
     }
     HASH_DEL(seen, s);
     ipcc_mem_free(s);
@@ -196,8 +209,9 @@ static void release_dead_exporters(int quick)
         if (who[i].pid == 0 || ipcc_proc_alive(who[i].pid, quick ? 0 : who[i].start))
             continue;
         let_go_of_picked(of_exporter, i);
-        if (atomic_load(&slot) >= 0)
-            ipcc_ledger_unwatch(atomic_load(&slot), who[i].pid);
+        ipcc_lock();
+        unwatch_unless_reused(who[i].pid);
+        ipcc_unlock();
     }
 }
 

@@ -626,12 +626,18 @@ Test(ghost, mapping_opened_after_the_ask_goes_once_its_export_is_unlisted, .time
     finish(&exp);
 }
 
+/* The bytes of a handle written in hex. */
+static void handle_of_hex(const char *hex, unsigned char h[CU_IPC_HANDLE_SIZE])
+{
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
+        cr_assert_eq(sscanf(hex + 2 * i, "%2hhx", &h[i]), 1);
+}
+
 /* Whether the ledger still lists the handle written in hex as exported. */
 static int listed(const char *hex)
 {
     unsigned char h[CU_IPC_HANDLE_SIZE];
-    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
-        cr_assert_eq(sscanf(hex + 2 * i, "%2hhx", &h[i]), 1);
+    handle_of_hex(hex, h);
     struct ipcc_ledger_file *f = map_ledger(0);
     int found = 0;
     for (int i = 0; i < IPCC_LEDGER_EXPORTS && !found; i++)
@@ -665,8 +671,7 @@ Test(ghost, mapping_opened_between_the_unlisting_and_the_free_is_not_kept, .time
 static void unlist_entirely(const char *hex)
 {
     unsigned char h[CU_IPC_HANDLE_SIZE];
-    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
-        cr_assert_eq(sscanf(hex + 2 * i, "%2hhx", &h[i]), 1);
+    handle_of_hex(hex, h);
     struct ipcc_ledger_file *f = map_ledger(1);
     int found = 0;
     for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
@@ -677,6 +682,45 @@ static void unlist_entirely(const char *hex)
         }
     munmap(f, sizeof(*f));
     cr_assert(found, "the ledger never listed the handle");
+}
+
+/* Gives the ledger's listing of the handle written in hex another start
+ * time: as if an earlier process with the exporter's pid (pids come round
+ * again, soon in a container's small pid space) had listed it and died
+ * without unlisting. */
+static void list_as_an_earlier_process(const char *hex)
+{
+    unsigned char h[CU_IPC_HANDLE_SIZE];
+    handle_of_hex(hex, h);
+    struct ipcc_ledger_file *f = map_ledger(1);
+    int found = 0;
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+        if (atomic_load(&f->exports[i].ready) == IPCC_EXPORT_LISTED &&
+            memcmp(f->exports[i].handle, h, sizeof(h)) == 0) {
+            atomic_store(&f->exports[i].start, atomic_load(&f->exports[i].start) - 1);
+            found = 1;
+        }
+    munmap(f, sizeof(*f));
+    cr_assert(found, "the ledger never listed the handle");
+}
+
+Test(ghost, exporter_with_a_dead_ones_pid_is_heard_after_the_dead_ones_let_go, .timeout = 40)
+{
+    /* An importer that maps handles of a dead exporter and of a live one that got its pid lets go of the dead one's within a second; the live one's free still asks it (the old code stopped listening to that pid with the dead one's last handle, and kept the live one's freed allocation mapped). */
+    struct peer exp, imp;
+    start_pair(&exp, &imp, NULL);
+    struct exported earlier = export(&exp, 8 * MIB), e = export(&exp, 16 * MIB);
+    list_as_an_earlier_process(earlier.hex);
+    import(&imp, &earlier, 1);
+    import(&imp, &e, 1);
+    long long deadline = now_ms() + 20000;
+    while (ok(&imp, ask(&imp, "unmaps")) < 1 && now_ms() < deadline)
+        usleep(10000);
+    cr_assert_eq(ok(&imp, ask(&imp, "unmaps")), 1, "the dead exporter's mapping is let go of");
+    free_exported(&exp, &e);
+    cr_assert(eq(u64, phys(), 8 * MIB), "the live exporter's freed allocation stays mapped");
+    finish(&imp);
+    finish(&exp);
 }
 
 Test(ghost, handle_let_go_of_and_reopened_after_its_entry_went_is_not_kept, .timeout = 60)

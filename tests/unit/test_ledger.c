@@ -226,6 +226,24 @@ Test(ledger, exported_handle_names_its_exporter)
     cr_assert_eq(ipcc_ledger_owner(a, &who), 1);
 }
 
+Test(ledger, listing_left_under_our_pid_by_an_earlier_process_names_us)
+{
+    /* An earlier process with this pid (pids come round again) listed the same handle bytes and died without unlisting: our export of them names this process, start time included (the old code took that listing for ours, so importers took the handle for the dead one's, let go of it within a second and, with it, stopped listening to our frees). */
+    unsigned char a[IPCC_HANDLE_BYTES];
+    struct ipcc_proc who, me = ipcc_proc_self();
+    cr_assert_neq(me.start, 0, "no /proc: start times unknown");
+    handle_of(a, 5);
+    cr_assert_eq(ipcc_ledger_publish(a), 0);
+    struct ipcc_ledger_file *f = ipcc_ledger_file();
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
+        if (memcmp(f->exports[i].handle, a, IPCC_HANDLE_BYTES) == 0)
+            atomic_store(&f->exports[i].start, me.start - 1);
+    cr_assert_eq(ipcc_ledger_publish(a), 0);
+    cr_assert_eq(ipcc_ledger_owner(a, &who), 1);
+    cr_assert_eq(who.pid, me.pid);
+    cr_assert_eq(who.start, me.start);
+}
+
 Test(ledger, let_go_entries_are_taken_by_new_exports)
 {
     /* Entries whose live exporter let go of their handle are free for any new export. */
