@@ -54,9 +54,15 @@ static uint64_t last_stamp;
 
 static struct seen *seen;
 static struct { struct ipcc_proc who; size_t handles; } exporters[MAX_EXPORTERS];
-/* -1: not registered; -2: registration failed (no ledger, no slot, no
+/* Our ledger slot, or: not registered yet; being registered by one thread
+ * (the others record what they map meanwhile, and the registrar watches it
+ * all once the slot is set); registration failed (no ledger, no slot, no
  * helper thread): then this process is as one without the ledger. */
-static _Atomic int slot = -1;
+enum { SLOT_NONE = -1, SLOT_REFUSED = -2, SLOT_REGISTERING = -3 };
+static _Atomic int slot = SLOT_NONE;
+/* Under the table lock: some miss while registering asked for every
+ * exporter's frees (a handle the ledger does not know). */
+static int want_any;
 /* Set by our exit handler, which runs before cudart tears the driver down:
  * from then on the helper makes no driver call. */
 static _Atomic int exiting;
@@ -310,33 +316,61 @@ void ipcc_ledger_helper_fork_child(void)
         ipcc_mem_free(s);
     }
     memset(exporters, 0, sizeof(exporters));
-    atomic_store(&slot, -1);
+    want_any = 0;
+    atomic_store(&slot, SLOT_NONE);
 }
 
-/* The first time only: a ledger slot, and the thread that answers on it. */
+/* Lock held: slot me watches every exporter we hold handles of, and every
+ * exporter if a miss asked for that before me was set. */
+static void watch_recorded(int me)
+{
+    for (int i = 0; i < MAX_EXPORTERS; i++)
+        if (exporters[i].who.pid != 0 && exporters[i].handles > 0)
+            ipcc_ledger_watch(me, exporters[i].who.pid);
+    if (want_any)
+        ipcc_ledger_watch(me, 0);
+}
+
+/* Lock held: exporter pid's frees ring us (0: every exporter's); while our
+ * slot is being registered, the registrar's watch_recorded does it. */
+static void watch_locked(int32_t pid)
+{
+    int me = atomic_load(&slot);
+    if (me >= 0)
+        ipcc_ledger_watch(me, pid);
+    else if (pid == 0)
+        want_any = 1;
+}
+
+/* The first time only: a ledger slot, and the thread that answers on it.
+ * Another thread's call meanwhile returns SLOT_REGISTERING at once. */
 static int my_slot(void)
 {
     int s = atomic_load(&slot);
-    if (s != -1)
+    if (s != SLOT_NONE)
         return s;
-    if (!atomic_compare_exchange_strong(&slot, &s, -2))
-        return atomic_load(&slot); /* another thread is at it */
+    if (!atomic_compare_exchange_strong(&slot, &s, SLOT_REGISTERING))
+        return s; /* another thread is at it, or was */
     s = ipcc_ledger_register();
     if (s == -2)
         ipcc_log(IPCC_LOG_INFO, "release ledger: all %d importer slots are held by live "
                                 "processes; this one's idle mappings are bounded by the caps "
                                 "only", IPCC_LEDGER_IMPORTERS);
-    if (s < 0)
-        return -2;
-    int rc = start_helper(s);
-    if (rc != 0) { /* nobody would answer: exporters must not wait for us */
+    int rc = s < 0 ? -1 : start_helper(s);
+    if (rc > 0) { /* nobody would answer: exporters must not wait for us */
         ipcc_ledger_unregister(s);
         ipcc_log(IPCC_LOG_INFO, "cannot start the release helper thread (%s); this process "
                                 "does not use the release ledger: its idle mappings are "
                                 "bounded by the caps only", strerror(rc));
-        return -2;
     }
+    if (rc != 0) {
+        atomic_store(&slot, SLOT_REFUSED);
+        return SLOT_REFUSED;
+    }
+    ipcc_lock();
     atomic_store(&slot, s);
+    watch_recorded(s);
+    ipcc_unlock();
     ipcc_atexit(unregister_at_exit);
     return s;
 }
@@ -361,10 +395,10 @@ static int exporter_index(struct ipcc_proc who)
 }
 
 /* Remembers that handle came from owner, and asks owner's frees to ring
- * slot me: under the lock, so that a let-go of owner's last other handle
- * cannot unwatch it in between. The oldest record goes when full. 0 when
+ * us (watch_locked): under the lock, so that a let-go of owner's last other
+ * handle cannot unwatch it in between. The oldest record goes when full. 0 when
  * it could not be remembered. */
-static int record(int me, const void *handle, struct ipcc_proc owner)
+static int record(const void *handle, struct ipcc_proc owner)
 {
     struct seen *s;
     ipcc_lock();
@@ -389,7 +423,7 @@ static int record(int me, const void *handle, struct ipcc_proc owner)
         }
     }
     if (s)
-        ipcc_ledger_watch(me, owner.pid);
+        watch_locked(owner.pid);
     ipcc_unlock();
     return s != NULL;
 }
@@ -434,10 +468,12 @@ void ipcc_ledger_note_import(const void *handle)
     }
     if (!known && !ipcc_ledger_unpublished())
         return;
-    int me = my_slot();
-    if (me < 0)
+    if (my_slot() == SLOT_REFUSED)
         return;
-    if (!known || !record(me, handle, owner))
-        ipcc_ledger_watch(me, 0); /* unknown or unremembered: every exporter's frees */
+    if (!known || !record(handle, owner)) { /* unknown or unremembered: every exporter's frees */
+        ipcc_lock();
+        watch_locked(0);
+        ipcc_unlock();
+    }
     release_dead_exporters(1);
 }

@@ -27,6 +27,9 @@
  *                    that created the held helper went to sleep since (-1:
  *                    none held): "ok N"
  *   release_helper   lets the held helper thread start: "ok 0"
+ *   open_together HEX1 HEX2  two threads open one handle each at the same
+ *                    moment and close it again (cached: idle): "ok RC" (the
+ *                    first failure's, 0 when both succeeded)
  *   reopen_at_push HEX  the next cuCtxPushCurrent of any thread (the release
  *                    helper's, closing for the library) first opens HEX on
  *                    that thread, in the primary context: "ok 0"
@@ -64,6 +67,7 @@
 #include <errno.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <sched.h>
@@ -190,6 +194,46 @@ static void cmd_open(const char *arg)
     if (rc != CUDA_SUCCESS)
         return reply("err %lld", rc);
     reply("ok %lld", keep(p));
+}
+
+/* Two threads whose opens meet (a program's first misses often do). */
+struct together {
+    CUipcMemHandle handle;
+    CUresult rc;
+    pthread_barrier_t *go;
+};
+
+static void *open_and_close(void *arg)
+{
+    struct together *t = arg;
+    CUdeviceptr p = 0;
+    cuCtxSetCurrent(ctxs[0]);
+    pthread_barrier_wait(t->go);
+    t->rc = cuIpcOpenMemHandle(&p, t->handle, LAZY);
+    if (t->rc == CUDA_SUCCESS)
+        t->rc = cuIpcCloseMemHandle(p);
+    return NULL;
+}
+
+static void cmd_open_together(const char *arg)
+{
+    char hex[2][2 * CU_IPC_HANDLE_SIZE + 1];
+    struct together t[2];
+    pthread_t threads[2];
+    pthread_barrier_t go;
+    if (sscanf(arg, "%128s %128s", hex[0], hex[1]) != 2 || parse_hex(hex[0], &t[0].handle) < 0 ||
+        parse_hex(hex[1], &t[1].handle) < 0)
+        return reply("err %lld", CUDA_ERROR_INVALID_VALUE);
+    pthread_barrier_init(&go, NULL, 2);
+    for (int i = 0; i < 2; i++) {
+        t[i].go = &go;
+        if (pthread_create(&threads[i], NULL, open_and_close, &t[i]) != 0)
+            exit(3);
+    }
+    for (int i = 0; i < 2; i++)
+        pthread_join(threads[i], NULL);
+    pthread_barrier_destroy(&go);
+    reply("ok %lld", (long long)(t[0].rc != CUDA_SUCCESS ? t[0].rc : t[1].rc));
 }
 
 /* A re-open from inside the library's close: the program's other thread
@@ -526,6 +570,8 @@ static void dispatch(char *cmd, char *arg)
         cmd_hold("helper_hold_waits");
     else if (strcmp(cmd, "release_helper") == 0)
         cmd_hold("helper_hold_release");
+    else if (strcmp(cmd, "open_together") == 0)
+        cmd_open_together(arg);
     else if (strcmp(cmd, "reopen_at_push") == 0)
         cmd_reopen_at_push(arg);
     else if (strcmp(cmd, "reopened") == 0)

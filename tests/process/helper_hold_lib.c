@@ -11,6 +11,10 @@
  * time. helper_hold_waits() reads the count: -1 while no thread is held.
  * (Condition waits are not counted: ipccache has none, and forwarding them
  * would need glibc's two versions told apart.)
+ *
+ * HELPER_HOLD_CREATE_MS=N: creating that thread takes N ms besides, as on a
+ * host short of memory or CPU, so that other threads' calls meet its creator
+ * midway.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -21,6 +25,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -114,6 +119,12 @@ EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(
         pipe2(gate, O_CLOEXEC) != 0)
         return real(t, attr, fn, arg);
     start = (struct start){ fn, arg };
+    const char *slow = getenv("HELPER_HOLD_CREATE_MS");
+    if (slow) {
+        long ms = atol(slow);
+        struct timespec pause = { ms / 1000, ms % 1000 * 1000000L };
+        nanosleep(&pause, NULL);
+    }
     atomic_store(&creator, gettid_now());
     atomic_store(&held, 1);
     int rc = real(t, attr, held_start, &start);

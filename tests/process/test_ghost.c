@@ -955,14 +955,22 @@ Test(ghost, importer_beyond_the_slots_is_as_without_the_ledger, .timeout = 15)
 /* ---- a helper thread that has not run yet ---------------------------------- */
 
 /* An importer whose release helper, once created, is held before it runs
- * any of the library's code until "release_helper" (helper_hold_lib.c). */
-static void start_held_importer(struct peer *imp)
+ * any of the library's code until "release_helper" (helper_hold_lib.c);
+ * with create_ms, creating it takes that long besides (NULL: no longer than
+ * it takes). */
+static void start_held_importer_slowly(struct peer *imp, const char *create_ms)
 {
     const char *prefix = getenv("IPCC_TEST_PRELOAD_PREFIX");
     start(imp, "importer",
           ENV(format("LD_PRELOAD=%s%s%s/tests/libhelperhold.so:%s/libipccache.so",
                      prefix && *prefix ? prefix : "", prefix && *prefix ? ":" : "", build_dir,
-                     build_dir)));
+                     build_dir),
+              create_ms ? format("HELPER_HOLD_CREATE_MS=%s", create_ms) : NULL));
+}
+
+static void start_held_importer(struct peer *imp)
+{
+    start_held_importer_slowly(imp, NULL);
 }
 
 /* The ledger slot pid holds. */
@@ -1004,6 +1012,20 @@ Test(ghost, first_miss_does_not_wait_for_the_helper_to_start, .timeout = 15)
     cr_assert(eq(u64, phys(), 0), "the helper, started late, did not let go");
     cr_assert_eq(finish(&imp), 0);
     cr_assert_eq(finish(&exp), 0);
+}
+
+Test(ghost, first_misses_of_two_threads_at_once_are_both_let_go_at_the_exporters_death, .timeout = 40)
+{
+    /* Two threads' first misses meet while the first of them registers the process in the ledger and starts its helper (made slow here): both mappings are remembered as the exporter's, and both idle ones are let go of once it dies (the old code dropped the record of every miss made while the registration was under way, and kept those mappings of a dead exporter while the importer lived: the quick soak's pinned pool). */
+    struct peer exp, imp;
+    start(&exp, "exporter", NULL);
+    start_held_importer_slowly(&imp, "300");
+    struct exported a = export(&exp, 8 * MIB), b = export(&exp, 16 * MIB);
+    cr_assert_eq(ok(&imp, ask(&imp, "open_together %s %s", a.hex, b.hex)), CUDA_SUCCESS);
+    cr_assert_eq(ok(&imp, ask(&imp, "release_helper")), 0);
+    kill_peer(&exp);
+    cr_assert(eq(u64, phys_settles_at(0), 0), "a dead exporter's idle mapping is kept");
+    finish(&imp);
 }
 
 Test(ghost, free_waits_for_a_helper_that_has_not_run_yet, .timeout = 40)
