@@ -99,6 +99,32 @@ LEDGER_EXPORTS_BOUND = 4096
 # The dups the library keeps: at most the soft limit of open files over this
 # (shim/vmm/vmm_fds.c).
 KEPT_FDS_SHARE = 8
+# With the library, what an importer maps of allocations freed or of a dead
+# exporter beyond what the library counts in use there (its ghost_bytes: the
+# program's own, as without it) is what the library keeps idle of them; its
+# helper lets go within about a second (the 60-minute run of 2026-12-05: 5
+# seconds in a row at most, the samples' one-second steps included). Longer
+# is memory not given back (a missed record kept a dead exporter's pool 110 s).
+IDLE_GHOST_SECONDS = 10
+
+
+def longest_idle_ghost(rows):
+    """The most seconds in a row the importer's rows (in time order) show idle
+    ghost bytes, and when that run ended; (0, None) without the library."""
+    best, run, start, end = 0.0, 0.0, None, None
+    for r in rows:
+        if r.get("lib_ghost_bytes", "") == "":
+            start = None
+            continue
+        t = float(r["t_s"])
+        if float(r["ghost_bytes"] or 0) - float(r["lib_ghost_bytes"]) > 0:
+            start = t if start is None else start
+            run = t - start
+            if run > best:
+                best, end = run, t
+        else:
+            start = None
+    return best, end
 
 
 def read_csv(path):
@@ -193,6 +219,10 @@ def judge_importers(rows, summary, v, label, series=True):
         most = max(int(r["fds"] or 0) for r in rs)
         v.check(not limit or most < limit - 2,
                 "%s importer %s reached its limit of open files (%d of %d)" % (label, imp, most, limit))
+        idle, until = longest_idle_ghost(rs)
+        v.check(idle <= IDLE_GHOST_SECONDS,
+                "%s importer %s kept freed or dead exporters' memory idle for %.0f s in a row "
+                "(until %.0f s; at most %d)" % (label, imp, idle, until or 0, IDLE_GHOST_SECONDS))
         kept = max(int(r.get("lib_vmm_fds", "") or 0) for r in rs)
         v.check(not limit or kept <= limit // KEPT_FDS_SHARE,
                 "%s importer %s: the library kept %d fds, past an eighth of its limit of %d"

@@ -66,6 +66,28 @@ sys.exit(0 if ok == (kind in ("flat", "sawtooth", "small", "held-a-moment", "fla
 PY
 }
 
+# rows (t, ghost bytes the stand-in counts, the library's in-use part of them)
+idle_ghost() {
+    python3 - "$here" "$1" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from soak_verdict import longest_idle_ghost, IDLE_GHOST_SECONDS
+kind = sys.argv[2]
+rows = []
+for t in range(60):
+    ghost = 256 << 20 if (kind == "kept" and 20 <= t < 45) or t % 7 == 0 else 0
+    doomed = ghost if kind == "in-use" else 0
+    if kind == "in-use":                 # the program holds it for 30 s: the library counts it
+        ghost = doomed = (256 << 20) if 10 <= t < 40 else 0
+    rows.append({"t_s": str(float(t)), "ghost_bytes": str(ghost), "lib_ghost_bytes": str(doomed)})
+seconds, _ = longest_idle_ghost(rows)
+sys.exit(0 if (seconds > IDLE_GHOST_SECONDS) == (kind == "kept") else 1)
+PY
+}
+check "idle ghosts: let go within a second each time passes" idle_ghost brief
+check "idle ghosts: memory the program holds for 30 s passes" idle_ghost in-use
+check "idle ghosts: a dead exporter's pool kept idle 25 s fails" idle_ghost kept
+
 for k in flat sawtooth small held-a-moment flat-under-hits; do
     check "slope test: a $k series passes" slope "$k"
 done
@@ -97,6 +119,7 @@ TAP_SHOW="$tmp/clean.verdict $tmp/clean.log"
 check "soak: the fleet checks values and return codes" grep -qE 'checks, wrong values 0, return codes off the model 0' "$tmp/clean.verdict"
 check "soak: no planted fault, no growing fd series" bash -c "! grep -q 'fds grows' '$tmp/clean.verdict'"
 check "soak: no planted fault, no freed memory kept mapped" bash -c "! grep -q 'ghost_bytes grows' '$tmp/clean.verdict'"
+check "soak: no planted fault, nothing of dead exporters kept idle" bash -c "! grep -q 'memory idle for' '$tmp/clean.verdict'"
 TAP_SHOW="$tmp/wrong.verdict"
 check "soak: a planted wrong value is reported" grep -qE 'FAIL: with: [1-9][0-9]* wrong values' "$tmp/wrong.verdict"
 check "soak: a planted wrong value fails the verdict" grep -q 'verdict: FAIL' "$tmp/wrong.verdict"
