@@ -98,7 +98,7 @@ void ipcc_vmm_table_clear(struct ipcc_vmm_table *t, void (*close_fd)(int))
         ipcc_mem_free(t->res[i]->chunks);
         ipcc_mem_free(t->res[i]);
     }
-    t->nimports = t->nres = t->nreleasing = t->nfds = 0;
+    t->nimports = t->nres = t->nreleasing = 0;
     t->last_found = NULL;
     ipcc_vmm_predict_clear(&t->predict);
     atomic_store(&t->gauges.idle_entries, 0);
@@ -136,22 +136,20 @@ size_t ipcc_vmm_table_imports(const struct ipcc_vmm_table *t)
  * the caller's to give back. */
 int ipcc_vmm_fd_claim(struct ipcc_vmm_table *t, size_t bound)
 {
-    if (t->nfds >= bound)
+    if (ipcc_vmm_table_fds(t) >= bound)
         return 0;
-    t->nfds++;
-    atomic_store_explicit(&t->gauges.kept_fds, t->nfds, memory_order_relaxed);
+    ipcc_vmm_gauge_add(&t->gauges.kept_fds, 1);
     return 1;
 }
 
 void ipcc_vmm_fd_unclaim(struct ipcc_vmm_table *t)
 {
-    t->nfds--;
-    atomic_store_explicit(&t->gauges.kept_fds, t->nfds, memory_order_relaxed);
+    ipcc_vmm_gauge_add(&t->gauges.kept_fds, -1);
 }
 
 size_t ipcc_vmm_table_fds(const struct ipcc_vmm_table *t)
 {
-    return t->nfds;
+    return (size_t)atomic_load_explicit(&t->gauges.kept_fds, memory_order_relaxed);
 }
 
 /* ---- imports: identity ---------------------------------------------------- */

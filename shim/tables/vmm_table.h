@@ -81,7 +81,7 @@ struct ipcc_vmm_gauges {
     _Atomic uint64_t idle_entries;
     _Atomic uint64_t idle_bytes;
     _Atomic uint64_t idle_reservations;
-    _Atomic uint64_t kept_fds; /* the dups kept (ipcc_vmm_fd_claim's count) */
+    _Atomic uint64_t kept_fds; /* dups kept: imports' and those claimed for one */
 };
 
 struct ipcc_vmm_table;

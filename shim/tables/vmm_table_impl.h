@@ -59,7 +59,6 @@ struct ipcc_vmm_table {
     struct ipcc_vmm_import **by_id, **by_handle;
     struct ipcc_vmm_import *last_found; /* the import found or recorded last */
     size_t nimports, capimports, caphandles;
-    size_t nfds;                       /* kept dups: imports' and those claimed for one */
     struct ipcc_vmm_range **res;
     size_t nres, capres;
     struct ipcc_vmm_predict predict;   /* which rebuild follows which */

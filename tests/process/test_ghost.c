@@ -666,22 +666,43 @@ Test(ghost, mapping_opened_between_the_unlisting_and_the_free_is_not_kept, .time
     finish(&exp);
 }
 
-/* Frees the ledger's entries of the handle written in hex, as when a later
- * export took them over: the ledger no longer knows the handle. */
-static void unlist_entirely(const char *hex)
+/* Applies change to each of the ledger's entries of the handle written in
+ * hex (with listed_only, those that list it now); there must be one. */
+static void change_entries(const char *hex, int listed_only,
+                           void (*change)(struct ipcc_ledger_export *e))
 {
     unsigned char h[CU_IPC_HANDLE_SIZE];
     handle_of_hex(hex, h);
     struct ipcc_ledger_file *f = map_ledger(1);
     int found = 0;
-    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
-        if (memcmp(f->exports[i].handle, h, sizeof(h)) == 0) {
-            atomic_store(&f->exports[i].pid, 0);
-            atomic_store(&f->exports[i].ready, IPCC_EXPORT_WRITING);
-            found = 1;
-        }
+    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++) {
+        struct ipcc_ledger_export *e = &f->exports[i];
+        if (memcmp(e->handle, h, sizeof(h)) != 0 ||
+            (listed_only && atomic_load(&e->ready) != IPCC_EXPORT_LISTED))
+            continue;
+        change(e);
+        found = 1;
+    }
     munmap(f, sizeof(*f));
     cr_assert(found, "the ledger never listed the handle");
+}
+
+static void free_entry(struct ipcc_ledger_export *e)
+{
+    atomic_store(&e->pid, 0);
+    atomic_store(&e->ready, IPCC_EXPORT_WRITING);
+}
+
+/* Frees the ledger's entries of the handle written in hex, as when a later
+ * export took them over: the ledger no longer knows the handle. */
+static void unlist_entirely(const char *hex)
+{
+    change_entries(hex, 0, free_entry);
+}
+
+static void start_earlier(struct ipcc_ledger_export *e)
+{
+    atomic_store(&e->start, atomic_load(&e->start) - 1);
 }
 
 /* Gives the ledger's listing of the handle written in hex another start
@@ -690,18 +711,7 @@ static void unlist_entirely(const char *hex)
  * without unlisting. */
 static void list_as_an_earlier_process(const char *hex)
 {
-    unsigned char h[CU_IPC_HANDLE_SIZE];
-    handle_of_hex(hex, h);
-    struct ipcc_ledger_file *f = map_ledger(1);
-    int found = 0;
-    for (int i = 0; i < IPCC_LEDGER_EXPORTS; i++)
-        if (atomic_load(&f->exports[i].ready) == IPCC_EXPORT_LISTED &&
-            memcmp(f->exports[i].handle, h, sizeof(h)) == 0) {
-            atomic_store(&f->exports[i].start, atomic_load(&f->exports[i].start) - 1);
-            found = 1;
-        }
-    munmap(f, sizeof(*f));
-    cr_assert(found, "the ledger never listed the handle");
+    change_entries(hex, 1, start_earlier);
 }
 
 Test(ghost, exporter_with_a_dead_ones_pid_is_heard_after_the_dead_ones_let_go, .timeout = 40)

@@ -15,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from soak_verdict import IMPORTER_SERIES, value  # noqa: E402
+
 IMPORTER_PLOTS = [
     ("rss_kib", "RSS (KiB)"),
     ("fds", "open fds"),
@@ -57,7 +59,7 @@ def importer_series(rows, col):
             a, b = num(r, "lib_live"), num(r, "lib_idle")
             y = None if a is None or b is None else a + b
         elif col == "fds_not_kept":
-            y = float(r["fds"]) - (num(r, "lib_vmm_fds") or 0)
+            y = value(r, IMPORTER_SERIES["fds"][0])  # the series the verdict judges
         elif col == "opens":
             y = float(r["opens"]) + float(r["imports"])
         elif col == "hit_rate":

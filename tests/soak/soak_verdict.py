@@ -111,7 +111,7 @@ IDLE_GHOST_SECONDS = 10
 def longest_idle_ghost(rows):
     """The most seconds in a row the importer's rows (in time order) show idle
     ghost bytes, and when that run ended; (0, None) without the library."""
-    best, run, start, end = 0.0, 0.0, None, None
+    best, start, end = 0.0, None, None
     for r in rows:
         if r.get("lib_ghost_bytes", "") == "":
             start = None
@@ -119,9 +119,8 @@ def longest_idle_ghost(rows):
         t = float(r["t_s"])
         if float(r["ghost_bytes"] or 0) - float(r["lib_ghost_bytes"]) > 0:
             start = t if start is None else start
-            run = t - start
-            if run > best:
-                best, end = run, t
+            if t - start > best:
+                best, end = t - start, t
         else:
             start = None
     return best, end
